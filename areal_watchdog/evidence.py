@@ -1,0 +1,122 @@
+"""Plain data gathered from a job: what each rank was doing when the watchdog looked.
+
+Gathering (py-spy, faulthandler, exit records, logs) produces these objects; the classifier and
+the report consume them. Everything round-trips through JSON so recorded evidence can be
+replayed into the classifier in tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Rank states.
+BLOCKED = "blocked"  # alive, stack taken, CPU time not moving
+RUNNING = "running"  # alive, stack taken, CPU time moving
+EXITED = "exited"  # the process is gone
+UNRESPONSIVE = "unresponsive"  # alive, but no stack could be taken
+MISSING = "missing"  # part of the world size, never seen on any node
+
+
+@dataclass
+class Frame:
+    """One stack frame; ``filename`` is the full path as the process saw it."""
+
+    name: str
+    filename: str
+    line: int
+
+    @property
+    def short_filename(self) -> str:
+        return short_path(self.filename)
+
+
+@dataclass
+class ThreadStack:
+    """The frames of one thread, innermost first."""
+
+    name: str | None
+    frames: list[Frame]
+
+
+@dataclass
+class ExitInfo:
+    """How a rank process ended."""
+
+    code: int | None = None  # exit code; negative: killed by that signal
+    kind: str = "unknown"  # returned | exit | exception | signal | unknown
+    time: float | None = None
+    exc_type: str | None = None
+    message: str | None = None
+    traceback: str | None = None
+
+
+@dataclass
+class RankEvidence:
+    """Everything known about one rank at detection time."""
+
+    rank: int
+    node: str = ""
+    pid: int | None = None
+    local_rank: int | None = None
+    state: str = MISSING
+    evidence_method: str = "none"  # py-spy | faulthandler | none
+    threads: list[ThreadStack] = field(default_factory=list)
+    exit: ExitInfo | None = None
+    cpu_utilization: float | None = None  # cores busy over the last poll interval (1.0 = one core)
+    process_status: str | None = None  # psutil's status at dump time ("stopped": SIGSTOPped)
+    error: str | None = None  # why no stack could be taken
+    log_tail: str = ""
+
+    def main_thread(self) -> ThreadStack | None:
+        """The thread running the script: named MainThread, else the one rooted in <module>."""
+        for thread in self.threads:
+            if thread.name == "MainThread":
+                return thread
+        for thread in self.threads:
+            if thread.frames and thread.frames[-1].name == "<module>":
+                return thread
+        return self.threads[0] if self.threads else None
+
+
+@dataclass
+class Evidence:
+    """The whole job as the watchdog saw it when it declared a stall or a failure."""
+
+    world_size: int
+    ranks: list[RankEvidence]
+    first_step_seen: bool = True
+    job_failed: bool = False  # the job's processes ended with a non-zero code
+    unanswered_nodes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Evidence:
+        ranks = []
+        for item in data["ranks"]:
+            item = dict(item)
+            item["threads"] = [
+                ThreadStack(t.get("name"), [Frame(**f) for f in t["frames"]])
+                for t in item.get("threads", [])
+            ]
+            if item.get("exit") is not None:
+                item["exit"] = ExitInfo(**item["exit"])
+            ranks.append(RankEvidence(**item))
+        return cls(
+            world_size=data["world_size"],
+            ranks=ranks,
+            first_step_seen=data.get("first_step_seen", True),
+            job_failed=data.get("job_failed", False),
+            unanswered_nodes=list(data.get("unanswered_nodes", [])),
+        )
+
+
+def short_path(filename: str) -> str:
+    """``.../site-packages/torch/x.py`` -> ``torch/x.py``; user files keep their last two parts."""
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    parts = filename.replace("\\", "/").split("/")
+    return "/".join(parts[-2:]) if len(parts) > 1 else filename

@@ -1,0 +1,50 @@
+"""What the launcher tells every sidecar, through ``<run_dir>/watchdog/launch.json``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from areal_watchdog.atomic import read_json
+from areal_watchdog.config import WatchdogSection
+from areal_watchdog.errors import UserError
+from areal_watchdog.paths import RunLayout
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """The job as launched: identity, shape and the watchdog's settings."""
+
+    run_id: str
+    backend: str
+    run_dir: str
+    world_size: int
+    nodes: list[str]
+    nproc_per_node: int
+    experiment_name: str
+    trial_name: str
+    fileroot: str
+    watchdog: WatchdogSection
+    job_id: str | None = None
+
+    @property
+    def layout(self) -> RunLayout:
+        return RunLayout(Path(self.run_dir))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LaunchInfo:
+        fields = dict(data)
+        fields["watchdog"] = WatchdogSection(**fields["watchdog"])
+        return cls(**fields)
+
+    @classmethod
+    def load(cls, run_dir: Path) -> LaunchInfo:
+        data = read_json(RunLayout(run_dir).launch_file)
+        if not isinstance(data, dict):
+            raise UserError(f"{run_dir}: no readable watchdog/launch.json; is this a run directory "
+                            "made by areal-launch?")
+        return cls.from_dict(data)

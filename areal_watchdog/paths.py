@@ -1,0 +1,98 @@
+"""Where everything lives inside a run directory: one place for every file name.
+
+A run directory is AReaL's ``<fileroot>/<experiment_name>/<trial_name>``; the watchdog keeps its
+state below ``watchdog/`` and its incidents below ``incidents/``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV_RUN_ID = "AREAL_WATCHDOG_RUN_ID"
+ENV_WATCH_DIR = "AREAL_WATCHDOG_DIR"
+ENV_NODE = "AREAL_WATCHDOG_NODE"
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """The files of one run directory."""
+
+    run_dir: Path
+
+    @property
+    def watch_dir(self) -> Path:
+        return self.run_dir / "watchdog"
+
+    @property
+    def launch_file(self) -> Path:
+        """What the launcher tells the sidecars: run id, world size, watchdog settings."""
+        return self.watch_dir / "launch.json"
+
+    @property
+    def job_config(self) -> Path:
+        """The resolved config handed to the training script (our sections removed)."""
+        return self.watch_dir / "job_config.yaml"
+
+    @property
+    def ranks_dir(self) -> Path:
+        """Rank registrations, exit records and cooperative stack files."""
+        return self.watch_dir / "ranks"
+
+    @property
+    def heartbeats_dir(self) -> Path:
+        return self.watch_dir / "heartbeats"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.watch_dir / "logs"
+
+    @property
+    def torchrun_logs_dir(self) -> Path:
+        return self.logs_dir / "torchrun"
+
+    @property
+    def flight_recorder_dir(self) -> Path:
+        """Flight Recorder dumps and NCCL's per-rank dump pipes."""
+        return self.watch_dir / "flight_recorder"
+
+    @property
+    def status_dir(self) -> Path:
+        """One status file per node, written by its sidecar."""
+        return self.watch_dir / "status"
+
+    @property
+    def job_exit_file(self) -> Path:
+        """Written by the launcher when the job's processes ended: their exit code."""
+        return self.watch_dir / "job_exit.json"
+
+    @property
+    def cancel_file(self) -> Path:
+        """Written by a sidecar before it ends a hung job (``on_hang: cancel``)."""
+        return self.watch_dir / "cancelled.json"
+
+    @property
+    def incidents_dir(self) -> Path:
+        return self.run_dir / "incidents"
+
+    @property
+    def trajectories_dir(self) -> Path:
+        return self.run_dir / "debug_trajectories"
+
+    def registration(self, rank: int) -> Path:
+        return self.ranks_dir / f"rank_{rank}.json"
+
+    def exit_record(self, rank: int) -> Path:
+        return self.ranks_dir / f"rank_{rank}.exit.json"
+
+    def stack_file(self, rank: int) -> Path:
+        return self.ranks_dir / f"rank_{rank}.stacks.txt"
+
+    def heartbeat(self, rank: int) -> Path:
+        return self.heartbeats_dir / f"rank_{rank}.json"
+
+    def pause(self, rank: int) -> Path:
+        return self.heartbeats_dir / f"pause_rank_{rank}.json"
+
+    def node_status(self, node: str) -> Path:
+        return self.status_dir / f"{node}.json"

@@ -1,0 +1,176 @@
+"""A small but real distributed training script (torch, gloo, CPU) that can hang on purpose.
+
+It trains a tiny model with DistributedDataParallel, prints AReaL's step line on rank 0, and,
+when ``demo.hang`` names a pattern, misbehaves on ``demo.hang_rank`` at ``demo.hang_step``:
+
+  collective_mismatch  the rank calls broadcast (in a helper) while the others all_reduce
+  collective_stuck     the rank freezes itself (SIGSTOP) inside the same all_reduce as the others
+  cleanup_deadlock     the rank stops early ("converged") and its cleanup waits in a barrier
+  straggler            the rank spins in a busy loop while the others wait
+  dataloader_stall     the rank's DataLoader worker never delivers the batch
+  init_deadlock        the rank never reaches init_process_group (hang_step is ignored)
+  p2p_mismatch         the rank waits in recv for a send that never comes
+  crash                the rank raises an exception
+  quiet_exit           the rank exits with code 0 while the others go on
+
+Run it through ``areal-launch --watchdog local examples/hang_demo/config.yaml``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import signal
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+import yaml
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset
+
+import areal_watchdog
+
+GREEN, RESET = "\x1b[32m", "\x1b[0m"
+
+
+class RandomRegression(Dataset):
+    """Random inputs; one index can be made to block forever (the dataloader_stall pattern)."""
+
+    def __init__(self, size: int, block_index: int | None) -> None:
+        self.size = size
+        self.block_index = block_index
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if index == self.block_index:
+            time.sleep(10**6)  # a network filesystem that never answers
+        gen = torch.Generator().manual_seed(index)
+        x = torch.randn(16, generator=gen)
+        return x, x.sum().reshape(1)
+
+
+class Trainer:
+    """The training loop; a context manager whose cleanup synchronises with the peers."""
+
+    def __init__(self, settings: dict) -> None:
+        self.settings = settings
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        torch.manual_seed(0)
+        self.model = DistributedDataParallel(torch.nn.Linear(16, 1))
+        self.optim = torch.optim.SGD(self.model.parameters(), lr=0.01)
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
+        if exc_type is None:  # a failing rank does not wait for its peers
+            self.close()
+
+    def close(self) -> None:
+        dist.barrier()  # "everyone done?": waits forever if a peer is still in the loop
+        dist.destroy_process_group()
+
+    def sync_metrics(self, loss: torch.Tensor) -> float:
+        value = loss.detach().clone()
+        dist.all_reduce(value)
+        return value.item() / self.world
+
+    def announce_metrics(self, loss: torch.Tensor) -> float:
+        value = loss.detach().clone()
+        dist.broadcast(value, src=0)
+        return value.item()
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, misbehave: str | None) -> float:
+        loss = torch.nn.functional.mse_loss(self.model(x), y)
+        self.optim.zero_grad()
+        loss.backward()
+        self.optim.step()
+        if misbehave == "collective_mismatch":
+            return self.announce_metrics(loss)
+        if misbehave == "p2p_mismatch":
+            buffer = torch.zeros(1)
+            dist.recv(buffer, src=(self.rank + 1) % self.world)
+        if misbehave == "straggler":
+            busy_reward_model()
+        if misbehave == "collective_stuck":
+            freeze_soon(0.5)
+        elif self.settings["hang"] == "collective_stuck" and self.is_hang_step:
+            time.sleep(2.0)  # let the frozen peer enter the collective first
+        if misbehave == "crash":
+            raise ValueError("reward shape mismatch: expected [8], got [7]")
+        if misbehave == "quiet_exit":
+            sys.exit(0)
+        return self.sync_metrics(loss)
+
+    is_hang_step = False
+
+
+def busy_reward_model() -> None:
+    total = 0
+    while True:  # a reward computation that never finishes
+        total += 1
+
+
+def freeze_soon(delay: float) -> None:
+    """Stop this whole process a moment from now, while the main thread sits in a collective."""
+
+    def stop() -> None:
+        time.sleep(delay)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    threading.Thread(target=stop, daemon=True).start()
+
+
+def step_line(step: int, total: int) -> str:
+    now = datetime.datetime.now().strftime("%Y%m%d-%H:%M:%S.%f")[:-3]
+    return (f"{GREEN}(AReaL) {now} StatsLogger INFO:{RESET} Epoch 1/1 Step {step}/{total} "
+            f"Train step {step}/{total} done.")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", required=True)
+    args = parser.parse_args()
+    with open(args.config) as fh:
+        config = yaml.safe_load(fh)
+    settings = {"steps": 10, "step_time": 0.2, "hang": "none", "hang_step": 3, "hang_rank": 1,
+                "pause_step": -1, "pause_time": 0.0, "heartbeat": False}
+    settings.update(config.get("demo") or {})
+    rank = int(os.environ["RANK"])
+    misbehaving_rank = rank == settings["hang_rank"]
+    if settings["hang"] == "init_deadlock" and misbehaving_rank:
+        time.sleep(10**6)  # stuck loading a checkpoint before joining the process group
+    timeout = float(os.environ.get("AREAL_WATCHDOG_COLLECTIVE_TIMEOUT", "900"))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))
+    steps = int(settings["steps"])
+    block = settings["hang_step"] - 1 if settings["hang"] == "dataloader_stall" and \
+        misbehaving_rank else None
+    loader = DataLoader(RandomRegression(steps, block), batch_size=1, num_workers=1)
+    with Trainer(settings) as trainer:
+        for step, (x, y) in enumerate(loader, start=1):
+            Trainer.is_hang_step = step == settings["hang_step"]
+            misbehave = settings["hang"] if Trainer.is_hang_step and misbehaving_rank else None
+            if step == settings["pause_step"]:
+                with areal_watchdog.expect_pause(settings["pause_time"] * 3, "saving checkpoint"):
+                    time.sleep(settings["pause_time"])
+            time.sleep(settings["step_time"])
+            if misbehave == "cleanup_deadlock":
+                break  # a rank-local early-stopping decision: the others go on
+            loss = trainer.step(x, y, misbehave)
+            if settings["heartbeat"]:
+                areal_watchdog.heartbeat(step)
+            if rank == 0:
+                print(step_line(step, steps), f"loss={loss:.4f}", flush=True)
+    if rank == 0:
+        print("Training completes! Total time elapsed 0.", flush=True)
+
+
+if __name__ == "__main__":
+    main()

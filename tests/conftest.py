@@ -1,0 +1,119 @@
+"""Shared test helpers: launch the demo for real and guarantee that nothing outlives a test."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jsonschema
+import psutil
+import pytest
+
+from areal_watchdog.report import load_schema
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_CONFIG = REPO / "examples" / "hang_demo" / "config.yaml"
+FAST = [
+    "watchdog.stall_timeout=3",
+    "watchdog.startup_timeout=20",
+    "watchdog.poll_interval=0.25",
+    "watchdog.on_hang=cancel",
+    "demo.step_time=0.1",
+]
+
+
+@dataclass
+class LaunchResult:
+    """What a user sees after one ``areal-launch`` run."""
+
+    returncode: int
+    output: str
+    run_dir: Path
+    reports: list[dict] = field(default_factory=list)
+
+
+def processes_under(root: Path) -> list[psutil.Process]:
+    """Processes whose watchdog directory (or command line) lies below ``root``."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid == os.getpid():
+                continue
+            env_dir = proc.environ().get("AREAL_WATCHDOG_DIR", "")
+            if env_dir.startswith(str(root)) or any(str(root) in a for a in proc.cmdline()):
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def read_reports(run_dir: Path) -> list[dict]:
+    """Every report.json of a run, oldest first, each validated against the shipped schema."""
+    schema = load_schema()
+    reports = []
+    for path in sorted(run_dir.glob("incidents/*/report.json")):
+        report = json.loads(path.read_text())
+        jsonschema.validate(report, schema)
+        reports.append(report)
+    return reports
+
+
+class Launcher:
+    """Runs ``areal-launch`` in a session of its own and kills everything at teardown."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.popens: list[subprocess.Popen] = []
+
+    def start(self, overrides: list[str], *, trial: str = "t", config: Path = DEMO_CONFIG,
+              args: tuple[str, ...] = ("--watchdog",), backend: str = "local"
+              ) -> tuple[subprocess.Popen, Path]:
+        """Start ``areal-launch`` and return it with the run directory it will use."""
+        cmd = [sys.executable, "-m", "areal_watchdog.cli", *args, backend, str(config),
+               f"cluster.fileroot={self.root}", f"trial_name={trial}", *overrides]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True, cwd=REPO)
+        self.popens.append(proc)
+        return proc, self.root / "hang-demo" / trial
+
+    def run(self, overrides: list[str], *, timeout: float = 150, **kwargs: object) -> LaunchResult:
+        """Run ``areal-launch`` to its end."""
+        proc, run_dir = self.start(overrides, **kwargs)
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.cleanup()
+            output, _ = proc.communicate()
+            pytest.fail(f"areal-launch did not finish within {timeout} s:\n{output[-4000:]}")
+        return LaunchResult(proc.returncode, output, run_dir, read_reports(run_dir))
+
+    def cleanup(self) -> list[int]:
+        """Kill every process this launcher started; return the pids that were still alive."""
+        leftovers = []
+        for proc in self.popens:
+            if proc.poll() is None:
+                leftovers.append(proc.pid)
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for proc in processes_under(self.root):
+            leftovers.append(proc.pid)
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        return leftovers
+
+
+@pytest.fixture
+def launcher(tmp_path: Path) -> Iterator[Launcher]:
+    """A Launcher whose processes are all gone after the test, passed or failed."""
+    runner = Launcher(tmp_path)
+    yield runner
+    leftovers = runner.cleanup()
+    assert not leftovers, f"processes outlived the test: {leftovers}"

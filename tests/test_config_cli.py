@@ -1,0 +1,137 @@
+"""Config loading, overrides and the CLI's errors and dry run, as a user meets them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from areal_watchdog.cli import main
+from areal_watchdog.config import load_config
+from areal_watchdog.errors import ConfigError
+from conftest import DEMO_CONFIG
+
+GOOD = """\
+experiment_name: exp
+trial_name: t1
+cluster: {n_nodes: 1, n_gpus_per_node: 2, fileroot: FILEROOT}
+actor: {path: /models/qwen, lr: 1.0e-6}
+ref:
+  path: ${actor.path}
+launch: {entrypoint: ENTRY, args: [--seed, 1]}
+watchdog: {stall_timeout: 30, on_hang: report}
+"""
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    entry = tmp_path / "train.py"
+    entry.write_text("print('hi')\n")
+    path = tmp_path / "config.yaml"
+    path.write_text(GOOD.replace("FILEROOT", str(tmp_path / "root")).replace("ENTRY", str(entry)))
+    return path
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_interpolations_resolve_and_unknown_keys_pass_through(config_file: Path) -> None:
+    config = load_config(config_file)
+    assert config.raw["ref"]["path"] == "/models/qwen"
+    assert config.launch.nproc_per_node == 2  # from cluster.n_gpus_per_node
+    tree = config.job_tree()
+    assert "launch" not in tree and "watchdog" not in tree
+    assert tree["actor"] == {"path": "/models/qwen", "lr": 1.0e-6}
+
+
+def test_hydra_overrides(config_file: Path) -> None:
+    config = load_config(config_file, ["actor.path=/m2", "+rollout.n=4", "~ref",
+                                       "watchdog.stall_timeout=auto"])
+    assert config.raw["actor"]["path"] == "/m2"
+    assert config.raw["rollout"] == {"n": 4}
+    assert "ref" not in config.raw
+    assert config.watchdog.stall_timeout is None
+
+
+def test_override_of_unknown_key_says_how_to_add_it(config_file: Path) -> None:
+    with pytest.raises(ConfigError, match=r"actr\.path.*\+actr\.path=/x"):
+        load_config(config_file, ["actr.path=/x"])
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "words"),
+    [
+        ("~launch.entrypoint", "launch.entrypoint", "is missing"),
+        ("watchdog.stall_timeout=-5", "watchdog.stall_timeout", "must be positive"),
+        ("+watchdog.startup_timeout=-1", "watchdog.startup_timeout", "must be positive"),
+        ("+launch.nproc_per_node=four", "launch.nproc_per_node", "whole number"),
+        ("watchdog.on_hang=explode", "watchdog.on_hang", "report, cancel"),
+        ("+watchdog.step_regex=step", "watchdog.step_regex", "group"),
+        ("experiment_name=my_exp", "experiment_name", "may not contain '_'"),
+    ],
+)
+def test_bad_values_name_key_and_file(
+    capsys: pytest.CaptureFixture[str], config_file: Path, override: str, key: str, words: str
+) -> None:
+    code, out, err = run_cli(capsys, "--watchdog", "local", str(config_file), override)
+    assert code == 2
+    assert key in err and words in err and str(config_file) in err
+    assert "Traceback" not in err and out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert not (config_file.parent / "root").exists(), "nothing may start or be written"
+
+
+def test_yaml_syntax_error_names_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("launch:\n  entrypoint: x.py\n  args: [a, b\nwatchdog: {}\n")
+    code, _, err = run_cli(capsys, "local", str(bad))
+    assert code == 2 and "YAML syntax error at line" in err and str(bad) in err
+
+
+def test_missing_file_and_unknown_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "local", "/nonexistent.yaml")
+    assert code == 2 and "/nonexistent.yaml: no such config file" in err
+    with pytest.raises(SystemExit) as exc:
+        main(["kubernetes", str(DEMO_CONFIG)])
+    assert exc.value.code == 2
+    assert "invalid choice: 'kubernetes'" in capsys.readouterr().err
+
+
+def test_missing_entrypoint_file(capsys: pytest.CaptureFixture[str], config_file: Path) -> None:
+    code, _, err = run_cli(capsys, "local", str(config_file), "launch.entrypoint=nope.py")
+    assert code == 2 and "launch.entrypoint" in err and "no such file: nope.py" in err
+
+
+def test_dry_run_prints_plan_and_starts_nothing(
+    capsys: pytest.CaptureFixture[str], config_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_supersecretvalue123")
+    code, out, _ = run_cli(capsys, "--watchdog", "local", str(config_file), "--dry-run",
+                           "+launch.env.HF_TOKEN=hf_supersecretvalue123",
+                           "watchdog.stall_timeout=12")
+    assert code == 0
+    assert "torch.distributed.run --standalone --nnodes 1 --nproc-per-node 2" in out
+    assert "-m areal_watchdog.rank_main" in out and "--seed 1 --config" in out
+    assert "areal_watchdog.sidecar" in out
+    assert "TORCH_DISTRIBUTED_DEBUG=INFO" in out and "PYTHONFAULTHANDLER=1" in out
+    assert "launch.json" in out and "job_config.yaml" in out
+    assert "hf_supersecretvalue123" not in out and "HF_TOKEN=[REDACTED]" in out
+    assert not (config_file.parent / "root").exists()
+
+
+def test_debug_env_can_be_overridden_and_switched_off(config_file: Path) -> None:
+    config = load_config(config_file, ["+watchdog.debug_env.NCCL_DEBUG=INFO",
+                                       "+watchdog.debug_env.TORCH_DISTRIBUTED_DEBUG=null"])
+    assert config.watchdog.debug_env["NCCL_DEBUG"] == "INFO"
+    assert "TORCH_DISTRIBUTED_DEBUG" not in config.watchdog.debug_env
+
+
+def test_without_watchdog_flag_the_job_runs_plain(
+    capsys: pytest.CaptureFixture[str], config_file: Path
+) -> None:
+    config_file.write_text(config_file.read_text().replace("on_hang: report", "on_hang: report, enabled: false"))
+    code, out, _ = run_cli(capsys, "local", str(config_file), "--dry-run")
+    assert code == 0 and "areal_watchdog.sidecar" not in out and "rank_main" not in out

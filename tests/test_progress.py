@@ -1,0 +1,80 @@
+"""Progress signals: step lines (AReaL's real one included), log following, the stall clock."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from areal_watchdog.config import DEFAULT_STEP_REGEX
+from areal_watchdog.progress import StallClock, StepLogTail, find_step
+
+AREAL_LINE = ("\x1b[32m(AReaL) 20260829-00:00:00.000 StatsLogger INFO:\x1b[0m Epoch 2/2 "
+              "Step 3/233 Train step 236/466 done.")
+
+
+@pytest.mark.parametrize(
+    ("line", "step"),
+    [
+        (AREAL_LINE, 236),
+        ("(AReaL) 20260829-00:00:00.000 StatsLogger INFO: Epoch 1/1 Step 3/233 Train step 3/233 "
+         "done.", 3),
+        ("[default0]:step 12 loss=0.3", 12),
+        ("Step 12/100 | lr 1e-5", 12),
+        ("global_step=12 reward=0.5", 12),
+        ("iteration 12 took 3.1s", 12),
+        ("Training completes! Total time elapsed 12.", None),
+        ("loading 12 shards", None),
+    ],
+)
+def test_default_step_regex(line: str, step: int | None) -> None:
+    assert find_step(line, re.compile(DEFAULT_STEP_REGEX)) == step
+
+
+def test_log_tail_reads_only_new_lines_and_survives_partial_lines_and_rotation(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "trainer.log"
+    log.write_text("step 1\nstep 2\n")  # an earlier attempt's lines: ignored
+    tail = StepLogTail([str(tmp_path / "*.log")], DEFAULT_STEP_REGEX)
+    assert tail.poll() == []
+    with log.open("a") as fh:
+        fh.write("step 3\nste")
+    assert tail.poll() == [3]
+    with log.open("a") as fh:
+        fh.write("p 4\n")
+    assert tail.poll() == [4]
+    log.write_text("step 1\n")  # truncated / rotated: read from the start
+    assert tail.poll() == [1]
+    (tmp_path / "new.log").write_text("step 9\n")  # a file that appears later: read fully
+    assert tail.poll() == [9]
+
+
+def test_stall_clock_fixed_threshold_and_startup() -> None:
+    clock = StallClock(stall_timeout=10, startup_timeout=100, started_at=0.0)
+    assert clock.threshold == 100 and not clock.stalled(99)
+    assert clock.step(1, now=50)
+    assert clock.threshold == 10
+    assert not clock.step(1, now=55)  # the same step again is not progress
+    assert clock.stalled(61) and not clock.stalled(59)
+
+
+def test_stall_clock_auto_learns_from_intervals() -> None:
+    clock = StallClock(stall_timeout=None, startup_timeout=300, auto_factor=5,
+                       auto_min_timeout=20, started_at=0.0)
+    clock.step(1, now=100)
+    assert clock.threshold == 300  # no interval seen yet
+    clock.step(2, now=102)
+    assert clock.threshold == 20  # 5 x 2 s is below the floor
+    clock.step(3, now=110)
+    assert clock.threshold == 40  # 5 x 8 s
+    assert not clock.stalled(149) and clock.stalled(151)
+
+
+def test_stall_clock_hold_suspends_detection() -> None:
+    clock = StallClock(stall_timeout=10, startup_timeout=100, started_at=0.0)
+    clock.step(1, now=0)
+    clock.hold(now=25)  # a pause announced while silent
+    assert not clock.stalled(30)
+    assert clock.stalled(36)

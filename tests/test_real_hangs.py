@@ -1,0 +1,105 @@
+"""Real torchrun jobs on gloo that really hang (or fail) in each pattern, caught end to end.
+
+Each case asserts what a user reads in report.json: the category and the culprit ranks.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from conftest import FAST, Launcher, read_reports
+
+pytestmark = pytest.mark.slow
+
+# pattern, world size, culprit rank, expected category
+CASES = [
+    ("collective_mismatch", 4, 2, "collective_mismatch"),
+    ("collective_mismatch", 3, 0, "collective_mismatch"),
+    ("collective_stuck", 3, 1, "collective_stuck"),
+    ("cleanup_deadlock", 3, 0, "cleanup_deadlock"),
+    ("straggler", 2, 1, "straggler"),
+    ("dataloader_stall", 3, 2, "dataloader_stall"),
+    ("init_deadlock", 3, 1, "init_deadlock"),
+    ("p2p_mismatch", 4, 3, "p2p_mismatch"),
+    ("crash", 3, 1, "rank_crashed"),
+    ("quiet_exit", 2, 1, "rank_crashed"),
+]
+
+
+@pytest.mark.parametrize(("pattern", "world", "culprit", "category"), CASES,
+                         ids=[f"{c[0]}-w{c[1]}-r{c[2]}" for c in CASES])
+def test_hang_is_caught_and_classified(
+    launcher: Launcher, pattern: str, world: int, culprit: int, category: str
+) -> None:
+    result = launcher.run([*FAST, f"launch.nproc_per_node={world}", f"demo.hang={pattern}",
+                           f"demo.hang_rank={culprit}", "demo.hang_step=3", "demo.steps=6"])
+    assert len(result.reports) == 1, result.output[-3000:]
+    report = result.reports[0]
+    assert report["category"] == category, report["summary"]
+    assert report["culprit_ranks"] == [culprit], report["summary"]
+    assert report["job"]["world_size"] == world
+    assert {r["rank"] for r in report["ranks"]} == set(range(world))
+    assert f"rank {culprit}" in report["summary"].lower()
+    if category == "rank_crashed":
+        assert result.returncode == 1
+        assert report["trigger"] == "job_failed"
+    else:
+        assert result.returncode == 3, result.output[-3000:]
+        assert report["trigger"] == "stall"
+        alive = [r for r in report["ranks"] if r["state"] in ("blocked", "running")]
+        assert alive and all(r["evidence_method"] == "py-spy" for r in alive)
+    assert "report written" in result.output
+
+
+def test_mismatch_report_names_call_sites(launcher: Launcher) -> None:
+    result = launcher.run([*FAST, "demo.hang=collective_mismatch", "demo.hang_rank=3",
+                           "demo.hang_step=2", "demo.steps=5"])
+    (report,) = result.reports
+    groups = {tuple(g["ranks"]): g["where"] for g in report["groups"]}
+    assert "broadcast" in groups[(3,)] and "announce_metrics" in groups[(3,)]
+    assert "all_reduce" in groups[(0, 1, 2)] and "sync_metrics" in groups[(0, 1, 2)]
+    assert report["last_step"] == 1
+    assert report["stalled_for_s"] >= 3
+    incident = result.run_dir / "incidents" / report["incident_id"]
+    assert "collective_mismatch" in (incident / "report.md").read_text()
+    assert "announce_metrics" in (incident / "stacks" / "rank_3.txt").read_text()
+
+
+def test_healthy_slow_job_and_announced_pause_finish_without_incident(launcher: Launcher) -> None:
+    # Steps take 1.5 s against a 3 s threshold; the checkpoint pause (5 s) exceeds it but is
+    # announced through areal_watchdog.expect_pause.
+    result = launcher.run([*FAST, "launch.nproc_per_node=2", "demo.hang=none", "demo.steps=4",
+                           "demo.step_time=1.5", "demo.pause_step=3", "demo.pause_time=5"])
+    assert result.returncode == 0, result.output[-3000:]
+    assert result.reports == []
+    assert "pause announced (saving checkpoint)" in result.output
+    assert "job completed (last step 4)" in result.output
+
+
+def test_healthy_job_exits_zero_and_sidecar_is_gone(launcher: Launcher) -> None:
+    result = launcher.run([*FAST, "launch.nproc_per_node=2", "demo.hang=none", "demo.steps=3",
+                           "demo.heartbeat=true"])
+    assert result.returncode == 0, result.output[-3000:]
+    assert "Training completes!" in result.output
+    assert result.reports == []
+    assert launcher.cleanup() == []  # nothing left: torchrun, ranks and sidecar ended by themselves
+
+
+def test_on_hang_report_keeps_watching_without_duplicates(launcher: Launcher) -> None:
+    proc, run_dir = launcher.start([*FAST, "watchdog.on_hang=report", "launch.nproc_per_node=3",
+                                    "demo.hang=collective_mismatch", "demo.hang_step=2",
+                                    "demo.hang_rank=1"])
+    deadline = time.time() + 60
+    while time.time() < deadline and not list(run_dir.glob("incidents/*/report.json")):
+        time.sleep(0.5)
+    time.sleep(6)  # two more thresholds of silence: still one incident
+    reports = read_reports(run_dir)
+    assert proc.poll() is None, "on_hang=report must not end the job"
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert len(reports) == 1 and reports[0]["action"] == "report"
+    assert reports[0]["culprit_ranks"] == [1]
