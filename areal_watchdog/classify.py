@@ -37,23 +37,67 @@ CATEGORIES = (
 )
 
 COLLECTIVE_OPS = frozenset(
-    """all_reduce all_gather all_gather_into_tensor all_gather_object all_to_all
-    all_to_all_single reduce reduce_scatter reduce_scatter_tensor broadcast
-    broadcast_object_list barrier monitored_barrier gather gather_object scatter
-    scatter_object_list _all_gather_base _reduce_scatter_base all_reduce_coalesced""".split()
+    [
+        "all_reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_object",
+        "all_to_all",
+        "all_to_all_single",
+        "reduce",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "broadcast",
+        "broadcast_object_list",
+        "barrier",
+        "monitored_barrier",
+        "gather",
+        "gather_object",
+        "scatter",
+        "scatter_object_list",
+        "_all_gather_base",
+        "_reduce_scatter_base",
+        "all_reduce_coalesced",
+    ]
 )
 P2P_OPS = frozenset(
-    "send recv isend irecv send_object_list recv_object_list batch_isend_irecv _shape_inference"
-    .split()
+    [
+        "send",
+        "recv",
+        "isend",
+        "irecv",
+        "send_object_list",
+        "recv_object_list",
+        "batch_isend_irecv",
+        "_shape_inference",
+    ]
 )
 INIT_OPS = frozenset(
-    """init_process_group _store_based_barrier rendezvous next_rendezvous _create_c10d_store
-    _env_rendezvous_handler _tcp_rendezvous_handler new_group _new_group_with_tag
-    init_device_mesh""".split()
+    [
+        "init_process_group",
+        "_store_based_barrier",
+        "rendezvous",
+        "next_rendezvous",
+        "_create_c10d_store",
+        "_env_rendezvous_handler",
+        "_tcp_rendezvous_handler",
+        "new_group",
+        "_new_group_with_tag",
+        "init_device_mesh",
+    ]
 )
 CLEANUP_NAMES = frozenset(
-    "destroy_process_group __exit__ __del__ close shutdown cleanup teardown finalize _exit_function"
-    .split()
+    [
+        "destroy_process_group",
+        "__exit__",
+        "__del__",
+        "close",
+        "shutdown",
+        "cleanup",
+        "teardown",
+        "finalize",
+        "_exit_function",
+    ]
 )
 CLEANUP_HINT = re.compile(r"(cleanup|clean_up|teardown|shutdown|finali[sz]e|destroy)", re.I)
 BACKWARD_OPS = frozenset({"backward", "_engine_run_backward", "run_backward"})
@@ -126,9 +170,9 @@ def describe(rank: RankEvidence) -> Activity:
     op, kind = _blocking_op(frames, rank.cpu_utilization)
     if kind == "running" and user_frames:
         op = user_frames[0].name
-    if any(_bare(f.name) in CLEANUP_NAMES or CLEANUP_HINT.search(f.name) for f in user_frames) or any(
-        f.name == "destroy_process_group" for f in frames
-    ):
+    if any(
+        _bare(f.name) in CLEANUP_NAMES or CLEANUP_HINT.search(f.name) for f in user_frames
+    ) or any(f.name == "destroy_process_group" for f in frames):
         kind = "cleanup"
     sites = ";".join(f"{f.short_filename}:{f.line}:{f.name}" for f in user_frames)
     return Activity(kind, op, f"{op}|{sites}", _where(op, user_frames))
@@ -162,8 +206,11 @@ def _describe_code(code: int | None) -> str:
 
 def _raise_site(traceback_text: str) -> str:
     sites = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', traceback_text)
-    user = [s for s in sites if "site-packages" not in s[0] and "runpy" not in s[0]
-            and "areal_watchdog" not in s[0]]
+    user = [
+        s
+        for s in sites
+        if "site-packages" not in s[0] and "runpy" not in s[0] and "areal_watchdog" not in s[0]
+    ]
     if not user:
         return ""
     path, line, name = user[-1]
@@ -205,6 +252,7 @@ def _blocking_op(frames: list[Frame], cpu_recent: float | None) -> tuple[str, st
 def _where(op: str, user_frames: list[Frame]) -> str:
     if not user_frames:
         return op
+
     def call(frame: Frame) -> str:
         return frame.name if frame.name.startswith("<") else f"{frame.name}()"
 
@@ -240,29 +288,47 @@ def _decide(evidence: Evidence, acts: dict[int, Activity]) -> Verdict:
     waiting = by_kind.get("collective", []) + by_kind.get("p2p", [])
 
     if not evidence.first_step_seen and (by_kind.get("init") or missing):
-        in_init = by_kind.get("init", []) + [r for r in by_kind.get("collective", [])
-                                             if acts[r].op in ("barrier", "monitored_barrier")]
+        in_init = by_kind.get("init", []) + [
+            r
+            for r in by_kind.get("collective", [])
+            if acts[r].op in ("barrier", "monitored_barrier")
+        ]
         others = [r.rank for r in alive if r.rank not in in_init] + missing + unresponsive
         if in_init:
-            culprit_text = (f"{ranks_phrase(others)} never arrived ({_first_where(others, acts)})"
-                            if others else "no rank can be named as late")
+            culprit_text = (
+                f"{ranks_phrase(others)} never arrived ({_first_where(others, acts)})"
+                if others
+                else "no rank can be named as late"
+            )
             return Verdict(
-                "init_deadlock", 0.85 if others else 0.5, sorted(others),
+                "init_deadlock",
+                0.85 if others else 0.5,
+                sorted(others),
                 f"Before the first step, {ranks_phrase(in_init)} wait in {acts[in_init[0]].op} "
                 f"for their peers; {culprit_text}.",
             )
     if missing:
-        return Verdict("unknown", 0.3, sorted(missing),
-                       f"{ranks_phrase(missing)} never registered with the watchdog.")
+        return Verdict(
+            "unknown",
+            0.3,
+            sorted(missing),
+            f"{ranks_phrase(missing)} never registered with the watchdog.",
+        )
     if not alive:
-        return Verdict("unknown", 0.2, sorted(unresponsive),
-                       "No stack could be taken from any rank; see the errors in the report.")
+        return Verdict(
+            "unknown",
+            0.2,
+            sorted(unresponsive),
+            "No stack could be taken from any rank; see the errors in the report.",
+        )
 
     cleanup = by_kind.get("cleanup", [])
     if cleanup and len(cleanup) < len(alive):
         rest = [r.rank for r in alive if r.rank not in cleanup]
         return Verdict(
-            "cleanup_deadlock", 0.85, sorted(cleanup),
+            "cleanup_deadlock",
+            0.85,
+            sorted(cleanup),
             f"{_cap(ranks_phrase(cleanup))} already left the training loop and {_is(cleanup)} "
             f"in cleanup ({acts[cleanup[0]].where}) while {ranks_phrase(rest)} still wait in "
             f"{acts[rest[0]].where}: the loop was left early (an early break or an exception).",
@@ -273,7 +339,9 @@ def _decide(evidence: Evidence, acts: dict[int, Activity]) -> Verdict:
         if not culprits:
             culprits = p2p
         return Verdict(
-            "p2p_mismatch", 0.75, sorted(culprits),
+            "p2p_mismatch",
+            0.75,
+            sorted(culprits),
             f"{_cap(ranks_phrase(culprits))} wait{_s(culprits)} in point-to-point "
             f"{acts[culprits[0]].where} with no matching peer operation.",
         )
@@ -281,7 +349,9 @@ def _decide(evidence: Evidence, acts: dict[int, Activity]) -> Verdict:
     collective = by_kind.get("collective", [])
     if loaders and collective:
         return Verdict(
-            "dataloader_stall", 0.85, sorted(loaders),
+            "dataloader_stall",
+            0.85,
+            sorted(loaders),
             f"{_cap(ranks_phrase(loaders))} {_is(loaders)} blocked fetching data "
             f"({acts[loaders[0]].where}) while {ranks_phrase(collective)} wait in "
             f"{acts[collective[0]].op}.",
@@ -289,7 +359,9 @@ def _decide(evidence: Evidence, acts: dict[int, Activity]) -> Verdict:
     busy = by_kind.get("running", []) + loaders + unresponsive
     if waiting and busy:
         return Verdict(
-            "straggler", 0.8 if len(busy) < len(waiting) else 0.55, sorted(busy),
+            "straggler",
+            0.8 if len(busy) < len(waiting) else 0.55,
+            sorted(busy),
             f"{_cap(ranks_phrase(busy))} {_is(busy)} still in ordinary code "
             f"({_first_where(busy, acts)}) while {ranks_phrase(waiting)} wait in "
             f"{acts[waiting[0]].op}: a straggler, not a code-path difference.",
@@ -299,14 +371,18 @@ def _decide(evidence: Evidence, acts: dict[int, Activity]) -> Verdict:
         frozen = [r.rank for r in alive if r.process_status == "stopped"]
         if len(signatures) == 1 and frozen:
             return Verdict(
-                "collective_stuck", 0.8, sorted(frozen),
+                "collective_stuck",
+                0.8,
+                sorted(frozen),
                 f"All {len(collective)} ranks wait in the same collective "
                 f"({acts[collective[0]].where}), and {ranks_phrase(frozen)} "
                 f"{_is(frozen)} stopped (SIGSTOP or a debugger): a frozen peer.",
             )
         if len(signatures) == 1:
             return Verdict(
-                "collective_stuck", 0.7, [],
+                "collective_stuck",
+                0.7,
+                [],
                 f"All {len(collective)} ranks wait in the same collective "
                 f"({acts[collective[0]].where}): the code paths agree, so suspect the network, "
                 f"NCCL or a frozen peer.",
@@ -315,18 +391,22 @@ def _decide(evidence: Evidence, acts: dict[int, Activity]) -> Verdict:
         dominant = [r for r in collective if r not in culprits]
         tie = len(culprits) * 2 >= len(collective)
         return Verdict(
-            "collective_mismatch", 0.45 if tie else (0.9 if len(culprits) * 4 <= len(collective)
-                                                     else 0.75),
+            "collective_mismatch",
+            0.45 if tie else (0.9 if len(culprits) * 4 <= len(collective) else 0.75),
             sorted(culprits),
             f"{_cap(ranks_phrase(culprits))} {_is(culprits)} blocked in "
             f"{acts[culprits[0]].where} while {ranks_phrase(dominant)} wait in "
             f"{acts[dominant[0]].where}: the ranks took different code paths."
-            if dominant else
-            f"The ranks wait in different collectives ({len(signatures)} call sites) with no "
+            if dominant
+            else f"The ranks wait in different collectives ({len(signatures)} call sites) with no "
             f"majority: the ranks took different code paths.",
         )
-    return Verdict("unknown", 0.2, sorted(unresponsive),
-                   "The stacks fit no known hang pattern; read the stack groups below.")
+    return Verdict(
+        "unknown",
+        0.2,
+        sorted(unresponsive),
+        "The stacks fit no known hang pattern; read the stack groups below.",
+    )
 
 
 def _minority(rank_ids: list[int], acts: dict[int, Activity]) -> list[int]:
@@ -346,39 +426,55 @@ def _crash_verdict(evidence: Evidence, acts: dict[int, Activity]) -> Verdict:
     primary = [r for r in failed if not _is_secondary(r)]
     quiet = [r for r in exited if r.exit is not None and r.exit.code == 0 and not r.exit.exc_type]
     others_failed_or_waiting = len(failed) > 0 or any(r.state != EXITED for r in evidence.ranks)
-    peers = sorted({f"{h}:{p}" for r in failed for h, p in _PEER_ADDRESS.findall(
-        (r.exit.message or "") if r.exit else "")})
+    peers = sorted(
+        {
+            f"{h}:{p}"
+            for r in failed
+            for h, p in _PEER_ADDRESS.findall((r.exit.message or "") if r.exit else "")
+        }
+    )
     peer_note = f" Peers report lost connections to {', '.join(peers[:3])}." if peers else ""
 
     if primary:
-        primary.sort(key=lambda r: (r.exit.time if r.exit and r.exit.time else float("inf")))
+        primary.sort(key=lambda r: r.exit.time if r.exit and r.exit.time else float("inf"))
         first = primary[0]
         culprits = [r.rank for r in primary if _same_failure(r, first)]
         rest = [r.rank for r in failed if r.rank not in culprits]
         tail = f"; {ranks_phrase(rest)} failed after it" if rest else ""
         return Verdict(
-            "rank_crashed", 0.9, sorted(culprits),
+            "rank_crashed",
+            0.9,
+            sorted(culprits),
             f"{_cap(ranks_phrase(culprits))} failed first: {acts[first.rank].where}"
             f"{_error_line(first)}{tail}.{peer_note}",
         )
     if quiet and others_failed_or_waiting:
         quiet_ranks = [r.rank for r in quiet]
         return Verdict(
-            "rank_crashed", 0.85, sorted(quiet_ranks),
+            "rank_crashed",
+            0.85,
+            sorted(quiet_ranks),
             f"{_cap(ranks_phrase(quiet_ranks))} exited with code 0 while "
             f"{'the other ranks failed' if failed else 'the other ranks were still running'}: "
             f"a rank that leaves early strands its peers.{peer_note}",
         )
     if failed:
-        failed.sort(key=lambda r: (r.exit.time if r.exit and r.exit.time else float("inf")))
+        failed.sort(key=lambda r: r.exit.time if r.exit and r.exit.time else float("inf"))
         first = failed[0]
         return Verdict(
-            "rank_crashed", 0.5, [first.rank],
+            "rank_crashed",
+            0.5,
+            [first.rank],
             f"{_cap(ranks_phrase([first.rank]))} failed first ({acts[first.rank].where}"
-            f"{_error_line(first)}); every failure looks like a consequence of a lost peer.{peer_note}",
+            f"{_error_line(first)}); every failure looks like a consequence of a lost peer."
+            f"{peer_note}",
         )
-    return Verdict("rank_crashed", 0.3, [],
-                   "The job failed but no rank left an exit record; see the log tails.")
+    return Verdict(
+        "rank_crashed",
+        0.3,
+        [],
+        "The job failed but no rank left an exit record; see the log tails.",
+    )
 
 
 def _is_secondary(rank: RankEvidence) -> bool:

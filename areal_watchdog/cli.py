@@ -30,11 +30,17 @@ def _launch_parser(backend: str) -> argparse.ArgumentParser:
         description=f"Launch CONFIG on the {backend} backend.",
     )
     parser.add_argument("config", help="AReaL-style YAML config")
-    parser.add_argument("overrides", nargs="*", help="Hydra-style overrides: key=value, "
-                        "+key=value (add), ~key (delete)")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="Hydra-style overrides: key=value, +key=value (add), ~key (delete)",
+    )
     parser.add_argument("--watchdog", action="store_true", help="start the watchdog sidecar")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print the plan (commands, environment, files) and start nothing")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan (commands, environment, files) and start nothing",
+    )
     return parser
 
 
@@ -56,11 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``areal-launch`` command."""
     argv = list(sys.argv[1:] if argv is None else argv)
     top = argparse.ArgumentParser(
-        prog="areal-launch", description=__doc__.splitlines()[0],
+        prog="areal-launch",
+        description=__doc__.splitlines()[0],
         epilog="Run 'areal-launch COMMAND --help' for a command's options.",
     )
-    top.add_argument("--watchdog", action="store_true",
-                     help="start a watchdog sidecar on every node of the job")
+    top.add_argument(
+        "--watchdog", action="store_true", help="start a watchdog sidecar on every node of the job"
+    )
     top.add_argument("command", choices=COMMANDS)
     top.add_argument("rest", nargs=argparse.REMAINDER)
     args = top.parse_args(argv)

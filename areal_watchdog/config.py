@@ -89,7 +89,9 @@ class JobConfig:
         return {k: v for k, v in self.raw.items() if k not in OUR_SECTIONS}
 
 
-def load_config(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> JobConfig:
+def load_config(
+    path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()
+) -> JobConfig:
     """Read, override, resolve and validate a config file; raise ConfigError on any problem."""
     source = str(path)
     tree = _read_yaml(source)
@@ -173,7 +175,9 @@ def _validate(source: str, raw: dict[str, Any]) -> JobConfig:
     entrypoint = launch_raw.get("entrypoint")
     if not entrypoint or not isinstance(entrypoint, str):
         raise ConfigError(
-            source, "launch.entrypoint", "is missing: name the training script (a .py file or a module)"
+            source,
+            "launch.entrypoint",
+            "is missing: name the training script (a .py file or a module)",
         )
     launch = LaunchSection(
         entrypoint=entrypoint,
@@ -192,14 +196,20 @@ def _validate(source: str, raw: dict[str, Any]) -> JobConfig:
     if stall == "auto":
         stall_timeout = None
     else:
-        stall_timeout = check.number(wd, "watchdog.stall_timeout", default=600.0, minimum=1e-9, auto=True)
+        stall_timeout = check.number(
+            wd, "watchdog.stall_timeout", default=600.0, minimum=1e-9, auto=True
+        )
     step_regex = check.text(wd, "watchdog.step_regex", default=DEFAULT_STEP_REGEX)
     try:
         compiled = re.compile(step_regex)
     except re.error as exc:
-        raise ConfigError(source, "watchdog.step_regex", f"is not a valid regular expression: {exc}") from None
+        raise ConfigError(
+            source, "watchdog.step_regex", f"is not a valid regular expression: {exc}"
+        ) from None
     if compiled.groups < 1:
-        raise ConfigError(source, "watchdog.step_regex", "needs a group that captures the step number")
+        raise ConfigError(
+            source, "watchdog.step_regex", "needs a group that captures the step number"
+        )
     debug_env = dict(DEFAULT_DEBUG_ENV)
     for name, value in check.section(wd, "watchdog.debug_env").items():
         if value is None or value is False:

@@ -21,7 +21,9 @@ _FRAME_LINE = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<na
 _SETTLE = 0.05  # the file must stop growing for this long before it is read
 
 
-def dump_cooperative(pid: int, signal_number: int, stack_file: Path, timeout: float) -> list[ThreadStack]:
+def dump_cooperative(
+    pid: int, signal_number: int, stack_file: Path, timeout: float
+) -> list[ThreadStack]:
     """Signal the rank and read the stacks it appends to ``stack_file``."""
     try:
         start = stack_file.stat().st_size

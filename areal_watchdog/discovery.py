@@ -36,7 +36,12 @@ def discover(layout: RunLayout, run_id: str, node: str) -> dict[int, RankProcess
         known = found.get(proc.rank)
         signal = known.cooperative_signal if known and known.pid == proc.pid else None
         found[proc.rank] = RankProcess(
-            proc.rank, proc.local_rank, proc.world_size, proc.pid, proc.node, proc.create_time,
+            proc.rank,
+            proc.local_rank,
+            proc.world_size,
+            proc.pid,
+            proc.node,
+            proc.create_time,
             signal,
         )
     return found

@@ -5,6 +5,7 @@ Produces plain ``RankEvidence``; it never classifies.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -59,7 +60,11 @@ def gather_node(
             continue
         results.append(
             RankEvidence(
-                rank=rank, node=node, pid=proc.pid, local_rank=proc.local_rank, state=EXITED,
+                rank=rank,
+                node=node,
+                pid=proc.pid,
+                local_rank=proc.local_rank,
+                state=EXITED,
                 exit=exit_info(layout, rank, proc.pid, agent_log),
             )
         )
@@ -72,14 +77,15 @@ def _stack_for(
     layout: RunLayout, proc: RankProcess, cpu: float | None, settings: GatherSettings
 ) -> RankEvidence:
     evidence = RankEvidence(
-        rank=proc.rank, node=proc.node, pid=proc.pid, local_rank=proc.local_rank,
+        rank=proc.rank,
+        node=proc.node,
+        pid=proc.pid,
+        local_rank=proc.local_rank,
         cpu_utilization=cpu,
     )
     errors = []
-    try:
+    with contextlib.suppress(psutil.Error):
         evidence.process_status = psutil.Process(proc.pid).status()
-    except psutil.Error:
-        pass
     if settings.method in ("auto", "py-spy"):
         try:
             evidence.threads = dump_pyspy(proc.pid, settings.timeout)
@@ -90,7 +96,9 @@ def _stack_for(
         if proc.cooperative_signal:
             try:
                 evidence.threads = dump_cooperative(
-                    proc.pid, proc.cooperative_signal, layout.stack_file(proc.rank),
+                    proc.pid,
+                    proc.cooperative_signal,
+                    layout.stack_file(proc.rank),
                     settings.timeout,
                 )
                 evidence.evidence_method = "faulthandler"

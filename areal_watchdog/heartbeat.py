@@ -42,8 +42,12 @@ class _Beacon:
         if self.layout is None:
             return None
         path = self.layout.pause(self.rank)
-        record = {"run_id": self.run_id, "rank": self.rank, "until": time.time() + seconds,
-                  "reason": reason}
+        record = {
+            "run_id": self.run_id,
+            "rank": self.rank,
+            "until": time.time() + seconds,
+            "reason": reason,
+        }
         try:
             write_json_atomic(path, record)
         except OSError:

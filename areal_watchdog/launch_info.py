@@ -45,6 +45,8 @@ class LaunchInfo:
     def load(cls, run_dir: Path) -> LaunchInfo:
         data = read_json(RunLayout(run_dir).launch_file)
         if not isinstance(data, dict):
-            raise UserError(f"{run_dir}: no readable watchdog/launch.json; is this a run directory "
-                            "made by areal-launch?")
+            raise UserError(
+                f"{run_dir}: no readable watchdog/launch.json; is this a run directory "
+                "made by areal-launch?"
+            )
         return cls.from_dict(data)

@@ -52,12 +52,16 @@ def resolve_entrypoint(config: JobConfig) -> str:
         candidate = (base / entry).resolve()
         if candidate.is_file():
             return str(candidate)
-    raise ConfigError(config.source, "launch.entrypoint",
-                      f"no such file: {entry} (looked in the working directory and beside the config)")
+    raise ConfigError(
+        config.source,
+        "launch.entrypoint",
+        f"no such file: {entry} (looked in the working directory and beside the config)",
+    )
 
 
-def job_environment(config: JobConfig, layout: RunLayout, run_id: str, node: str,
-                    watchdog: bool) -> dict[str, str]:
+def job_environment(
+    config: JobConfig, layout: RunLayout, run_id: str, node: str, watchdog: bool
+) -> dict[str, str]:
     """The variables every rank gets on top of the launcher's environment."""
     env: dict[str, str] = {}
     if watchdog:
@@ -95,27 +99,67 @@ def build_local_plan(config: JobConfig, watchdog: bool, run_id: str | None = Non
     nproc = config.launch.nproc_per_node
     python = config.launch.python
     info = LaunchInfo(
-        run_id=run_id, backend="local", run_dir=str(layout.run_dir), world_size=nproc,
-        nodes=[node], nproc_per_node=nproc, experiment_name=config.experiment_name,
-        trial_name=config.trial_name, fileroot=config.fileroot, watchdog=config.watchdog,
+        run_id=run_id,
+        backend="local",
+        run_dir=str(layout.run_dir),
+        world_size=nproc,
+        nodes=[node],
+        nproc_per_node=nproc,
+        experiment_name=config.experiment_name,
+        trial_name=config.trial_name,
+        fileroot=config.fileroot,
+        watchdog=config.watchdog,
     )
     torchrun = [
-        python, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-        "--nproc-per-node", str(nproc), "--log-dir", str(layout.torchrun_logs_dir / node),
-        "--redirects", "3", "--tee", "3", "--local-ranks-filter", "0",
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(nproc),
+        "--log-dir",
+        str(layout.torchrun_logs_dir / node),
+        "--redirects",
+        "3",
+        "--tee",
+        "3",
+        "--local-ranks-filter",
+        "0",
         *rank_command(config, layout, watchdog),
     ]
-    processes = [ProcessSpec("job", torchrun,
-                             job_environment(config, layout, run_id, node, watchdog))]
+    processes = [
+        ProcessSpec("job", torchrun, job_environment(config, layout, run_id, node, watchdog))
+    ]
     if watchdog:
-        processes.append(ProcessSpec(
-            "watchdog", [python, "-m", "areal_watchdog.sidecar", "--run-dir",
-                         str(layout.run_dir), "--node", node]))
-    reset = [layout.ranks_dir, layout.heartbeats_dir, layout.status_dir, layout.job_exit_file,
-             layout.cancel_file]
+        processes.append(
+            ProcessSpec(
+                "watchdog",
+                [
+                    python,
+                    "-m",
+                    "areal_watchdog.sidecar",
+                    "--run-dir",
+                    str(layout.run_dir),
+                    "--node",
+                    node,
+                ],
+            )
+        )
+    reset = [
+        layout.ranks_dir,
+        layout.heartbeats_dir,
+        layout.status_dir,
+        layout.job_exit_file,
+        layout.cancel_file,
+    ]
     return LaunchPlan(
-        backend="local", run_id=run_id, run_dir=str(layout.run_dir),
-        files=launch_files(config, info), processes=processes,
+        backend="local",
+        run_id=run_id,
+        run_dir=str(layout.run_dir),
+        files=launch_files(config, info),
+        processes=processes,
         reset_paths=[str(p) for p in reset],
     )
 
@@ -128,8 +172,14 @@ def prepare_run_dir(plan: LaunchPlan) -> None:
         elif path.exists():
             path.unlink()
     layout = RunLayout(Path(plan.run_dir))
-    for directory in (layout.ranks_dir, layout.heartbeats_dir, layout.logs_dir,
-                      layout.status_dir, layout.incidents_dir, layout.flight_recorder_dir):
+    for directory in (
+        layout.ranks_dir,
+        layout.heartbeats_dir,
+        layout.logs_dir,
+        layout.status_dir,
+        layout.incidents_dir,
+        layout.flight_recorder_dir,
+    ):
         directory.mkdir(parents=True, exist_ok=True)
     for path, content in plan.files.items():
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -144,8 +194,13 @@ def execute_local_plan(plan: LaunchPlan, out: TextIO = sys.stdout) -> int:
     node = job_spec.env.get(ENV_NODE, socket.gethostname())
     agent_log = open(layout.logs_dir / f"torchrun_{node}.log", "a", encoding="utf-8")  # noqa: SIM115
     job = subprocess.Popen(
-        job_spec.argv, env={**os.environ, **job_spec.env}, cwd=job_spec.cwd,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+        job_spec.argv,
+        env={**os.environ, **job_spec.env},
+        cwd=job_spec.cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
         start_new_session=True,
     )
     pump = threading.Thread(target=_pump, args=(job.stdout, out, agent_log), daemon=True)
@@ -153,9 +208,13 @@ def execute_local_plan(plan: LaunchPlan, out: TextIO = sys.stdout) -> int:
     sidecar = None
     if len(plan.processes) > 1:
         spec = plan.processes[1]
-        sidecar = subprocess.Popen(spec.argv, env={**os.environ, **spec.env}, cwd=spec.cwd,
-                                   stdout=out if _has_fileno(out) else None,
-                                   start_new_session=True)
+        sidecar = subprocess.Popen(
+            spec.argv,
+            env={**os.environ, **spec.env},
+            cwd=spec.cwd,
+            stdout=out if _has_fileno(out) else None,
+            start_new_session=True,
+        )
     print(f"[areal-launch] run {plan.run_id}: {plan.run_dir}", file=out, flush=True)
     interrupted = _Interrupt()
     cancelled = False
@@ -165,8 +224,12 @@ def execute_local_plan(plan: LaunchPlan, out: TextIO = sys.stdout) -> int:
                 break
             if not cancelled and isinstance(read_json(layout.cancel_file), dict):
                 cancelled = True
-                print("[areal-launch] the watchdog reported a hang (on_hang=cancel): "
-                      "terminating the job", file=out, flush=True)
+                print(
+                    "[areal-launch] the watchdog reported a hang (on_hang=cancel): "
+                    "terminating the job",
+                    file=out,
+                    flush=True,
+                )
                 _stop_job(job, plan.run_id)
             time.sleep(0.2)
     finally:
@@ -175,9 +238,10 @@ def execute_local_plan(plan: LaunchPlan, out: TextIO = sys.stdout) -> int:
             _stop_job(job, plan.run_id)
         pump.join(timeout=5)
         agent_log.close()
-        write_json_atomic(layout.job_exit_file,
-                          {"run_id": plan.run_id, "returncode": job.returncode,
-                           "time": time.time()})
+        write_json_atomic(
+            layout.job_exit_file,
+            {"run_id": plan.run_id, "returncode": job.returncode, "time": time.time()},
+        )
         if sidecar is not None:
             _finish_sidecar(sidecar, interrupted.signum is not None)
     if interrupted.signum is not None:

@@ -40,8 +40,12 @@ class LaunchPlan:
     def render(self, redactor: Redactor | None = None) -> str:
         """The human-readable plan that ``--dry-run`` prints (secrets redacted)."""
         redactor = redactor or Redactor.from_environment()
-        lines = [f"backend:   {self.backend}", f"run id:    {self.run_id}",
-                 f"run dir:   {self.run_dir}", ""]
+        lines = [
+            f"backend:   {self.backend}",
+            f"run id:    {self.run_id}",
+            f"run dir:   {self.run_dir}",
+            "",
+        ]
         for proc in self.processes:
             lines.append(f"process `{proc.name}`:")
             lines.append(f"  command: {shlex.join(proc.argv)}")

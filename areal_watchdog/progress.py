@@ -189,7 +189,9 @@ class StallClock:
         return self.last_progress_at + self.threshold
 
 
-def default_log_patterns(layout: RunLayout, fileroot: str, experiment: str, trial: str) -> list[str]:
+def default_log_patterns(
+    layout: RunLayout, fileroot: str, experiment: str, trial: str
+) -> list[str]:
     """Rank 0's torchrun logs and AReaL's own log directory for this trial."""
     return [
         str(layout.torchrun_logs_dir / "*" / "*" / "attempt_*" / "0" / "std*.log"),

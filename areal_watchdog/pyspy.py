@@ -49,7 +49,11 @@ def dump_pyspy(pid: int, timeout: float) -> list[ThreadStack]:
     try:
         out = subprocess.run(
             [exe, "dump", "--pid", str(pid), "--json", *extra],
-            capture_output=True, text=True, timeout=timeout, env=env, check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            check=False,
         )
     except subprocess.TimeoutExpired:
         raise StackError(f"py-spy did not answer within {timeout:g} s") from None

@@ -14,6 +14,7 @@ preparing what the watchdog needs from inside the rank:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import os
@@ -36,7 +37,9 @@ _PR_SET_PTRACER_ANY = -1
 def _allow_any_tracer() -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PTRACER, ctypes.c_ulong(_PR_SET_PTRACER_ANY & 0xFFFFFFFFFFFFFFFF), 0, 0, 0)
+        libc.prctl(
+            _PR_SET_PTRACER, ctypes.c_ulong(_PR_SET_PTRACER_ANY & 0xFFFFFFFFFFFFFFFF), 0, 0, 0
+        )
     except (OSError, AttributeError):
         pass
 
@@ -61,19 +64,15 @@ def _register(layout: RunLayout, rank: int) -> object | None:
         "started_at": time.time(),
         "cooperative_signal": int(COOPERATIVE_SIGNAL) if stack_file else None,
     }
-    try:
+    with contextlib.suppress(OSError):
         write_json_atomic(layout.registration(rank), record)
-    except OSError:
-        pass
     return stack_file
 
 
 def _record_exit(layout: RunLayout, rank: int, **fields: object) -> None:
     record = {"rank": rank, "pid": os.getpid(), "time": time.time(), **fields}
-    try:
+    with contextlib.suppress(OSError):
         write_json_atomic(layout.exit_record(rank), record)
-    except OSError:
-        pass
 
 
 def _run_entrypoint(entry: str, args: list[str]) -> None:

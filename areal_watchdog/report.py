@@ -157,8 +157,10 @@ def write_incident(
 
 
 def _stack_text(rank: RankEvidence) -> str:
-    lines = [f"rank {rank.rank} pid {rank.pid} node {rank.node} state {rank.state} "
-             f"via {rank.evidence_method}"]
+    lines = [
+        f"rank {rank.rank} pid {rank.pid} node {rank.node} state {rank.state} "
+        f"via {rank.evidence_method}"
+    ]
     if rank.error:
         lines.append(f"error: {rank.error}")
     for thread in rank.threads:
@@ -192,7 +194,13 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     for group in report["groups"]:
         lines.append(f"| {format_ranks(group['ranks'])} | {group['kind']} | `{group['where']}` |")
-    lines += ["", "## Ranks", "", "| rank | node | pid | state | via | where |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Ranks",
+        "",
+        "| rank | node | pid | state | via | where |",
+        "|---|---|---|---|---|---|",
+    ]
     for rank in report["ranks"]:
         state = rank["state"]
         if "exit_code" in rank:
@@ -205,11 +213,24 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += ["", f"Nodes that did not answer: {', '.join(report['unanswered_nodes'])}"]
     trajectory = report.get("trajectory")
     if trajectory:
-        lines += ["", "## Replay", "", f"Last dumped step: {trajectory.get('step')}", "",
-                  f"```\n{trajectory.get('replay_command')}\n```"]
+        lines += [
+            "",
+            "## Replay",
+            "",
+            f"Last dumped step: {trajectory.get('step')}",
+            "",
+            f"```\n{trajectory.get('replay_command')}\n```",
+        ]
     files = report["files"]
-    lines += ["", "## Files", "", f"- Stacks: `{files['stacks_dir']}`",
-              f"- Log tails: `{files['logs_dir']}`", f"- Raw evidence: `{files['evidence']}`", ""]
+    lines += [
+        "",
+        "## Files",
+        "",
+        f"- Stacks: `{files['stacks_dir']}`",
+        f"- Log tails: `{files['logs_dir']}`",
+        f"- Raw evidence: `{files['evidence']}`",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -31,6 +31,7 @@ from areal_watchdog.report import IncidentContext, build_report, new_incident_id
 
 DISCOVERY_EVERY = 10  # polls between full environment scans once all local ranks are known
 STATUS_EVERY = 5.0  # seconds between node status file writes
+MIN_CPU_WINDOW = 0.2  # seconds of CPU accounting behind a utilisation figure
 
 
 @dataclass
@@ -61,10 +62,12 @@ class Sidecar:
     def __post_init__(self) -> None:
         wd = self.info.watchdog
         self.layout = self.info.layout
-        self.clock = StallClock(wd.stall_timeout, wd.startup_timeout, wd.auto_factor,
-                                wd.auto_min_timeout)
-        patterns = default_log_patterns(self.layout, self.info.fileroot,
-                                        self.info.experiment_name, self.info.trial_name)
+        self.clock = StallClock(
+            wd.stall_timeout, wd.startup_timeout, wd.auto_factor, wd.auto_min_timeout
+        )
+        patterns = default_log_patterns(
+            self.layout, self.info.fileroot, self.info.experiment_name, self.info.trial_name
+        )
         self.tail = StepLogTail(patterns + list(wd.log_files), wd.step_regex)
         self.redactor = Redactor.from_environment()
         self.polls = 0
@@ -82,7 +85,9 @@ class Sidecar:
         line = f"[areal-watchdog {self.node}] {message}"
         print(line, file=self.out, flush=True)
         try:
-            with open(self.layout.logs_dir / f"sidecar_{self.node}.log", "a", encoding="utf-8") as fh:
+            with open(
+                self.layout.logs_dir / f"sidecar_{self.node}.log", "a", encoding="utf-8"
+            ) as fh:
                 fh.write(f"{time.strftime('%H:%M:%S')} {line}\n")
         except OSError:
             pass
@@ -91,9 +96,11 @@ class Sidecar:
     def run(self) -> int:
         """Watch until the job ends; return 0."""
         wd = self.info.watchdog
-        self.say(f"watching run {self.info.run_id}: {self.info.world_size} ranks, stall after "
-                 f"{'auto' if wd.stall_timeout is None else f'{wd.stall_timeout:g} s'} "
-                 f"(startup {wd.startup_timeout:g} s)")
+        self.say(
+            f"watching run {self.info.run_id}: {self.info.world_size} ranks, stall after "
+            f"{'auto' if wd.stall_timeout is None else f'{wd.stall_timeout:g} s'} "
+            f"(startup {wd.startup_timeout:g} s)"
+        )
         while not self.stopping:
             now = time.time()
             exit_record = read_json(self.layout.job_exit_file)
@@ -120,9 +127,11 @@ class Sidecar:
                 self.incident("rank_exited", now)
         if self.clock.stalled(now) and not self.stall_reported and self.ranks:
             self.stall_reported = True
-            self.say(f"no progress for {self.clock.silent_for(now):.1f} s (threshold "
-                     f"{self.clock.threshold:g} s): stall, gathering stacks from "
-                     f"{len(self.ranks)} ranks")
+            self.say(
+                f"no progress for {self.clock.silent_for(now):.1f} s (threshold "
+                f"{self.clock.threshold:g} s): stall, gathering stacks from "
+                f"{len(self.ranks)} ranks"
+            )
             self.incident("stall", now)
         if now - self.last_status_write >= STATUS_EVERY:
             self.write_status(now)
@@ -135,8 +144,10 @@ class Sidecar:
         progressed = [s for s in steps if self.clock.step(s, now)]
         if beats.pause_until > now:
             self.clock.hold(now)
-            self.say(f"pause announced ({beats.pause_reason or 'no reason given'}): "
-                     f"stall detection suspended for up to {beats.pause_until - now:.0f} s")
+            self.say(
+                f"pause announced ({beats.pause_reason or 'no reason given'}): "
+                f"stall detection suspended for up to {beats.pause_until - now:.0f} s"
+            )
         if progressed:
             if self.stall_reported:
                 self.say(f"progress resumed at step {self.clock.last_step}")
@@ -146,13 +157,15 @@ class Sidecar:
             else:
                 self.say("steps progressing")
 
-    def refresh_ranks(self, now: float) -> None:
-        known = {r: w.proc for r, w in self.ranks.items()}
-        if len(known) < self.local_expected or self.polls % DISCOVERY_EVERY == 1:
+    def refresh_ranks(self, now: float, force: bool = False) -> None:
+        """Find new rank processes (a full scan only now and then) and sample the known ones."""
+        if force or len(self.ranks) < self.local_expected or self.polls % DISCOVERY_EVERY == 1:
             for rank, proc in discover(self.layout, self.info.run_id, self.node).items():
                 if rank in self.gone and self.gone[rank].pid == proc.pid:
                     continue  # a zombie not yet reaped by torchrun
-                if rank not in self.ranks or self.ranks[rank].proc.pid != proc.pid:
+                if rank in self.ranks and self.ranks[rank].proc.pid == proc.pid:
+                    self.ranks[rank].proc = proc  # the registration may have arrived since
+                else:
                     try:
                         handle = psutil.Process(proc.pid)
                         cpu = sum(handle.cpu_times()[:2])
@@ -168,24 +181,36 @@ class Sidecar:
                 self.gone[rank] = watch.proc
                 del self.ranks[rank]
                 if not self.cancelling:
-                    self.say(f"rank {rank} (pid {watch.proc.pid}) exited; "
-                             f"{len(self.ranks)} ranks still alive")
+                    self.say(
+                        f"rank {rank} (pid {watch.proc.pid}) exited; "
+                        f"{len(self.ranks)} ranks still alive"
+                    )
                 continue
             elapsed = now - watch.last_sample
-            if elapsed > 0:
+            if elapsed >= MIN_CPU_WINDOW:  # shorter windows give noisy utilisation
                 watch.utilization = (cpu - watch.last_cpu) / elapsed
-            watch.last_cpu, watch.last_sample = cpu, now
+                watch.last_cpu, watch.last_sample = cpu, now
 
     # -------------------------------------------------------------- incidents
     def gather(self) -> Evidence:
         wd = self.info.watchdog
+        self.refresh_ranks(time.time(), force=True)
         live = {r: w.proc for r, w in self.ranks.items()}
         cpu = {w.proc.pid: w.utilization for w in self.ranks.values() if w.utilization is not None}
-        items = gather_node(self.layout, self.node, live, dict(self.gone), cpu,
-                            GatherSettings(wd.stack_method, wd.dump_timeout))
+        items = gather_node(
+            self.layout,
+            self.node,
+            live,
+            dict(self.gone),
+            cpu,
+            GatherSettings(wd.stack_method, wd.dump_timeout),
+        )
         seen = {r.rank for r in items}
-        items += [RankEvidence(rank=r, state=MISSING) for r in range(self.info.world_size)
-                  if r not in seen]
+        items += [
+            RankEvidence(rank=r, state=MISSING)
+            for r in range(self.info.world_size)
+            if r not in seen
+        ]
         return Evidence(
             world_size=self.info.world_size,
             ranks=sorted(items, key=lambda r: r.rank),
@@ -198,29 +223,39 @@ class Sidecar:
         verdict = classify(evidence)
         incident_id = new_incident_id(verdict.category, now)
         ctx = IncidentContext(
-            backend=self.info.backend, run_id=self.info.run_id, run_dir=self.info.run_dir,
-            world_size=self.info.world_size, nodes=self.info.nodes,
-            experiment_name=self.info.experiment_name, trial_name=self.info.trial_name,
-            job_id=self.info.job_id, detected_at=now,
+            backend=self.info.backend,
+            run_id=self.info.run_id,
+            run_dir=self.info.run_dir,
+            world_size=self.info.world_size,
+            nodes=self.info.nodes,
+            experiment_name=self.info.experiment_name,
+            trial_name=self.info.trial_name,
+            job_id=self.info.job_id,
+            detected_at=now,
             last_progress_at=self.clock.last_progress_at if self.clock.first_step_at else None,
-            threshold_s=self.clock.threshold, last_step=self.clock.last_step, trigger=trigger,
+            threshold_s=self.clock.threshold,
+            last_step=self.clock.last_step,
+            trigger=trigger,
             action=self.info.watchdog.on_hang if trigger != "job_failed" else "report",
         )
         report = build_report(incident_id, verdict, evidence, ctx)
         path = write_incident(Path(self.info.run_dir), report, evidence, self.redactor)
         self.incidents.append(path)
         culprits = format_ranks(verdict.culprit_ranks) or "none named"
-        self.say(f"report written: {path / 'report.md'} -- {verdict.category}, culprit ranks "
-                 f"{culprits}: {self.redactor.scrub(verdict.summary)}")
+        self.say(
+            f"report written: {path / 'report.md'} -- {verdict.category}, culprit ranks "
+            f"{culprits}: {self.redactor.scrub(verdict.summary)}"
+        )
         if ctx.action == "cancel" and trigger != "job_failed":
             self.cancel_job(incident_id)
         return path
 
     def cancel_job(self, incident_id: str) -> None:
         """``on_hang: cancel``: ask the launcher to end the job, with the incident as reason."""
-        write_json_atomic(self.layout.cancel_file,
-                          {"run_id": self.info.run_id, "incident_id": incident_id,
-                           "time": time.time()})
+        write_json_atomic(
+            self.layout.cancel_file,
+            {"run_id": self.info.run_id, "incident_id": incident_id, "time": time.time()},
+        )
         self.cancelling = True
         self.say("on_hang=cancel: asking the launcher to terminate the job")
 
@@ -235,17 +270,23 @@ class Sidecar:
             self.crash_reported = True
             self.incident("job_failed", time.time(), job_failed=True)
         elif returncode == 0:
-            self.say(f"job completed (last step {self.clock.last_step}); "
-                     f"{len(self.incidents)} incident(s)")
+            self.say(
+                f"job completed (last step {self.clock.last_step}); "
+                f"{len(self.incidents)} incident(s)"
+            )
         self.write_status(time.time(), state="finished")
 
     def write_status(self, now: float, state: str = "watching") -> None:
         self.last_status_write = now
         status = {
-            "run_id": self.info.run_id, "node": self.node, "time": now, "state": state,
+            "run_id": self.info.run_id,
+            "node": self.node,
+            "time": now,
+            "state": state,
             "last_step": self.clock.last_step,
             "last_progress_at": self.clock.last_progress_at,
-            "ranks_alive": sorted(self.ranks), "ranks_gone": sorted(self.gone),
+            "ranks_alive": sorted(self.ranks),
+            "ranks_gone": sorted(self.gone),
             "last_incident": str(self.incidents[-1]) if self.incidents else None,
         }
         try:
@@ -256,8 +297,9 @@ class Sidecar:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m areal_watchdog.sidecar",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m areal_watchdog.sidecar", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--node", required=True)
     args = parser.parse_args(argv)

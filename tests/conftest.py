@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -71,14 +72,35 @@ class Launcher:
         self.root = root
         self.popens: list[subprocess.Popen] = []
 
-    def start(self, overrides: list[str], *, trial: str = "t", config: Path = DEMO_CONFIG,
-              args: tuple[str, ...] = ("--watchdog",), backend: str = "local"
-              ) -> tuple[subprocess.Popen, Path]:
+    def start(
+        self,
+        overrides: list[str],
+        *,
+        trial: str = "t",
+        config: Path = DEMO_CONFIG,
+        args: tuple[str, ...] = ("--watchdog",),
+        backend: str = "local",
+    ) -> tuple[subprocess.Popen, Path]:
         """Start ``areal-launch`` and return it with the run directory it will use."""
-        cmd = [sys.executable, "-m", "areal_watchdog.cli", *args, backend, str(config),
-               f"cluster.fileroot={self.root}", f"trial_name={trial}", *overrides]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True, cwd=REPO)
+        cmd = [
+            sys.executable,
+            "-m",
+            "areal_watchdog.cli",
+            *args,
+            backend,
+            str(config),
+            f"cluster.fileroot={self.root}",
+            f"trial_name={trial}",
+            *overrides,
+        ]
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            cwd=REPO,
+        )
         self.popens.append(proc)
         return proc, self.root / "hang-demo" / trial
 
@@ -103,10 +125,8 @@ class Launcher:
                 proc.wait()
         for proc in processes_under(self.root):
             leftovers.append(proc.pid)
-            try:
+            with contextlib.suppress(psutil.Error):
                 proc.kill()
-            except psutil.Error:
-                pass
         return leftovers
 
 

@@ -48,8 +48,9 @@ def test_interpolations_resolve_and_unknown_keys_pass_through(config_file: Path)
 
 
 def test_hydra_overrides(config_file: Path) -> None:
-    config = load_config(config_file, ["actor.path=/m2", "+rollout.n=4", "~ref",
-                                       "watchdog.stall_timeout=auto"])
+    config = load_config(
+        config_file, ["actor.path=/m2", "+rollout.n=4", "~ref", "watchdog.stall_timeout=auto"]
+    )
     assert config.raw["actor"]["path"] == "/m2"
     assert config.raw["rollout"] == {"n": 4}
     assert "ref" not in config.raw
@@ -109,9 +110,15 @@ def test_dry_run_prints_plan_and_starts_nothing(
     capsys: pytest.CaptureFixture[str], config_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_supersecretvalue123")
-    code, out, _ = run_cli(capsys, "--watchdog", "local", str(config_file), "--dry-run",
-                           "+launch.env.HF_TOKEN=hf_supersecretvalue123",
-                           "watchdog.stall_timeout=12")
+    code, out, _ = run_cli(
+        capsys,
+        "--watchdog",
+        "local",
+        str(config_file),
+        "--dry-run",
+        "+launch.env.HF_TOKEN=hf_supersecretvalue123",
+        "watchdog.stall_timeout=12",
+    )
     assert code == 0
     assert "torch.distributed.run --standalone --nnodes 1 --nproc-per-node 2" in out
     assert "-m areal_watchdog.rank_main" in out and "--seed 1 --config" in out
@@ -123,8 +130,10 @@ def test_dry_run_prints_plan_and_starts_nothing(
 
 
 def test_debug_env_can_be_overridden_and_switched_off(config_file: Path) -> None:
-    config = load_config(config_file, ["+watchdog.debug_env.NCCL_DEBUG=INFO",
-                                       "+watchdog.debug_env.TORCH_DISTRIBUTED_DEBUG=null"])
+    config = load_config(
+        config_file,
+        ["+watchdog.debug_env.NCCL_DEBUG=INFO", "+watchdog.debug_env.TORCH_DISTRIBUTED_DEBUG=null"],
+    )
     assert config.watchdog.debug_env["NCCL_DEBUG"] == "INFO"
     assert "TORCH_DISTRIBUTED_DEBUG" not in config.watchdog.debug_env
 
@@ -132,6 +141,8 @@ def test_debug_env_can_be_overridden_and_switched_off(config_file: Path) -> None
 def test_without_watchdog_flag_the_job_runs_plain(
     capsys: pytest.CaptureFixture[str], config_file: Path
 ) -> None:
-    config_file.write_text(config_file.read_text().replace("on_hang: report", "on_hang: report, enabled: false"))
+    config_file.write_text(
+        config_file.read_text().replace("on_hang: report", "on_hang: report, enabled: false")
+    )
     code, out, _ = run_cli(capsys, "local", str(config_file), "--dry-run")
     assert code == 0 and "areal_watchdog.sidecar" not in out and "rank_main" not in out

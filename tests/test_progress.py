@@ -10,16 +10,21 @@ import pytest
 from areal_watchdog.config import DEFAULT_STEP_REGEX
 from areal_watchdog.progress import StallClock, StepLogTail, find_step
 
-AREAL_LINE = ("\x1b[32m(AReaL) 20260829-00:00:00.000 StatsLogger INFO:\x1b[0m Epoch 2/2 "
-              "Step 3/233 Train step 236/466 done.")
+AREAL_LINE = (
+    "\x1b[32m(AReaL) 20260829-00:00:00.000 StatsLogger INFO:\x1b[0m Epoch 2/2 "
+    "Step 3/233 Train step 236/466 done."
+)
 
 
 @pytest.mark.parametrize(
     ("line", "step"),
     [
         (AREAL_LINE, 236),
-        ("(AReaL) 20260829-00:00:00.000 StatsLogger INFO: Epoch 1/1 Step 3/233 Train step 3/233 "
-         "done.", 3),
+        (
+            "(AReaL) 20260829-00:00:00.000 StatsLogger INFO: Epoch 1/1 Step 3/233 Train step 3/233 "
+            "done.",
+            3,
+        ),
         ("[default0]:step 12 loss=0.3", 12),
         ("Step 12/100 | lr 1e-5", 12),
         ("global_step=12 reward=0.5", 12),
@@ -61,8 +66,9 @@ def test_stall_clock_fixed_threshold_and_startup() -> None:
 
 
 def test_stall_clock_auto_learns_from_intervals() -> None:
-    clock = StallClock(stall_timeout=None, startup_timeout=300, auto_factor=5,
-                       auto_min_timeout=20, started_at=0.0)
+    clock = StallClock(
+        stall_timeout=None, startup_timeout=300, auto_factor=5, auto_min_timeout=20, started_at=0.0
+    )
     clock.step(1, now=100)
     assert clock.threshold == 300  # no interval seen yet
     clock.step(2, now=102)

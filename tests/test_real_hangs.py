@@ -29,13 +29,24 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("pattern", "world", "culprit", "category"), CASES,
-                         ids=[f"{c[0]}-w{c[1]}-r{c[2]}" for c in CASES])
+@pytest.mark.parametrize(
+    ("pattern", "world", "culprit", "category"),
+    CASES,
+    ids=[f"{c[0]}-w{c[1]}-r{c[2]}" for c in CASES],
+)
 def test_hang_is_caught_and_classified(
     launcher: Launcher, pattern: str, world: int, culprit: int, category: str
 ) -> None:
-    result = launcher.run([*FAST, f"launch.nproc_per_node={world}", f"demo.hang={pattern}",
-                           f"demo.hang_rank={culprit}", "demo.hang_step=3", "demo.steps=6"])
+    result = launcher.run(
+        [
+            *FAST,
+            f"launch.nproc_per_node={world}",
+            f"demo.hang={pattern}",
+            f"demo.hang_rank={culprit}",
+            "demo.hang_step=3",
+            "demo.steps=6",
+        ]
+    )
     assert len(result.reports) == 1, result.output[-3000:]
     report = result.reports[0]
     assert report["category"] == category, report["summary"]
@@ -55,8 +66,15 @@ def test_hang_is_caught_and_classified(
 
 
 def test_mismatch_report_names_call_sites(launcher: Launcher) -> None:
-    result = launcher.run([*FAST, "demo.hang=collective_mismatch", "demo.hang_rank=3",
-                           "demo.hang_step=2", "demo.steps=5"])
+    result = launcher.run(
+        [
+            *FAST,
+            "demo.hang=collective_mismatch",
+            "demo.hang_rank=3",
+            "demo.hang_step=2",
+            "demo.steps=5",
+        ]
+    )
     (report,) = result.reports
     groups = {tuple(g["ranks"]): g["where"] for g in report["groups"]}
     assert "broadcast" in groups[(3,)] and "announce_metrics" in groups[(3,)]
@@ -71,8 +89,17 @@ def test_mismatch_report_names_call_sites(launcher: Launcher) -> None:
 def test_healthy_slow_job_and_announced_pause_finish_without_incident(launcher: Launcher) -> None:
     # Steps take 1.5 s against a 3 s threshold; the checkpoint pause (5 s) exceeds it but is
     # announced through areal_watchdog.expect_pause.
-    result = launcher.run([*FAST, "launch.nproc_per_node=2", "demo.hang=none", "demo.steps=4",
-                           "demo.step_time=1.5", "demo.pause_step=3", "demo.pause_time=5"])
+    result = launcher.run(
+        [
+            *FAST,
+            "launch.nproc_per_node=2",
+            "demo.hang=none",
+            "demo.steps=4",
+            "demo.step_time=1.5",
+            "demo.pause_step=3",
+            "demo.pause_time=5",
+        ]
+    )
     assert result.returncode == 0, result.output[-3000:]
     assert result.reports == []
     assert "pause announced (saving checkpoint)" in result.output
@@ -80,8 +107,9 @@ def test_healthy_slow_job_and_announced_pause_finish_without_incident(launcher: 
 
 
 def test_healthy_job_exits_zero_and_sidecar_is_gone(launcher: Launcher) -> None:
-    result = launcher.run([*FAST, "launch.nproc_per_node=2", "demo.hang=none", "demo.steps=3",
-                           "demo.heartbeat=true"])
+    result = launcher.run(
+        [*FAST, "launch.nproc_per_node=2", "demo.hang=none", "demo.steps=3", "demo.heartbeat=true"]
+    )
     assert result.returncode == 0, result.output[-3000:]
     assert "Training completes!" in result.output
     assert result.reports == []
@@ -89,9 +117,16 @@ def test_healthy_job_exits_zero_and_sidecar_is_gone(launcher: Launcher) -> None:
 
 
 def test_on_hang_report_keeps_watching_without_duplicates(launcher: Launcher) -> None:
-    proc, run_dir = launcher.start([*FAST, "watchdog.on_hang=report", "launch.nproc_per_node=3",
-                                    "demo.hang=collective_mismatch", "demo.hang_step=2",
-                                    "demo.hang_rank=1"])
+    proc, run_dir = launcher.start(
+        [
+            *FAST,
+            "watchdog.on_hang=report",
+            "launch.nproc_per_node=3",
+            "demo.hang=collective_mismatch",
+            "demo.hang_step=2",
+            "demo.hang_rank=1",
+        ]
+    )
     deadline = time.time() + 60
     while time.time() < deadline and not list(run_dir.glob("incidents/*/report.json")):
         time.sleep(0.5)

@@ -130,8 +130,10 @@ def freeze_soon(delay: float) -> None:
 
 def step_line(step: int, total: int) -> str:
     now = datetime.datetime.now().strftime("%Y%m%d-%H:%M:%S.%f")[:-3]
-    return (f"{GREEN}(AReaL) {now} StatsLogger INFO:{RESET} Epoch 1/1 Step {step}/{total} "
-            f"Train step {step}/{total} done.")
+    return (
+        f"{GREEN}(AReaL) {now} StatsLogger INFO:{RESET} Epoch 1/1 Step {step}/{total} "
+        f"Train step {step}/{total} done."
+    )
 
 
 def main() -> None:
@@ -140,8 +142,16 @@ def main() -> None:
     args = parser.parse_args()
     with open(args.config) as fh:
         config = yaml.safe_load(fh)
-    settings = {"steps": 10, "step_time": 0.2, "hang": "none", "hang_step": 3, "hang_rank": 1,
-                "pause_step": -1, "pause_time": 0.0, "heartbeat": False}
+    settings = {
+        "steps": 10,
+        "step_time": 0.2,
+        "hang": "none",
+        "hang_step": 3,
+        "hang_rank": 1,
+        "pause_step": -1,
+        "pause_time": 0.0,
+        "heartbeat": False,
+    }
     settings.update(config.get("demo") or {})
     rank = int(os.environ["RANK"])
     misbehaving_rank = rank == settings["hang_rank"]
@@ -150,8 +160,11 @@ def main() -> None:
     timeout = float(os.environ.get("AREAL_WATCHDOG_COLLECTIVE_TIMEOUT", "900"))
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))
     steps = int(settings["steps"])
-    block = settings["hang_step"] - 1 if settings["hang"] == "dataloader_stall" and \
-        misbehaving_rank else None
+    block = (
+        settings["hang_step"] - 1
+        if settings["hang"] == "dataloader_stall" and misbehaving_rank
+        else None
+    )
     loader = DataLoader(RandomRegression(steps, block), batch_size=1, num_workers=1)
     with Trainer(settings) as trainer:
         for step, (x, y) in enumerate(loader, start=1):

@@ -1,0 +1,197 @@
+"""The classifier on recorded evidence from real hangs and on synthetic inputs, large ones too."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from areal_watchdog.classify import classify
+from areal_watchdog.evidence import (
+    BLOCKED,
+    EXITED,
+    MISSING,
+    RUNNING,
+    Evidence,
+    ExitInfo,
+    Frame,
+    RankEvidence,
+    ThreadStack,
+)
+
+RECORDED = sorted((Path(__file__).parent / "data" / "evidence").glob("*.json"))
+TORCH = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+USER = "/home/me/project/train.py"
+
+
+def stack(*frames: tuple[str, str, int]) -> list[ThreadStack]:
+    """A main thread from (name, file, line) frames, innermost first."""
+    return [ThreadStack("MainThread", [Frame(n, f, line) for n, f, line in frames])]
+
+
+def in_collective(op: str, line: int, caller: str = "step") -> list[ThreadStack]:
+    return stack(
+        (op, TORCH, 100), (caller, USER, line), ("main", USER, 200), ("<module>", USER, 300)
+    )
+
+
+def rank(r: int, threads: list[ThreadStack], state: str = BLOCKED, **kw: object) -> RankEvidence:
+    return RankEvidence(
+        rank=r,
+        node=f"node{r // 8}",
+        pid=1000 + r,
+        state=state,
+        evidence_method="py-spy",
+        threads=threads,
+        **kw,
+    )
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=[p.stem for p in RECORDED])
+def test_recorded_evidence_from_real_hangs(path: Path) -> None:
+    # File names carry the expected verdict: <category>_w<world>_r<culprits>.json
+    category, _, culprits = path.stem.rpartition("_r")
+    category = category.rsplit("_w", 1)[0]
+    verdict = classify(Evidence.from_dict(json.loads(path.read_text())))
+    assert verdict.category == category
+    assert verdict.culprit_ranks == [int(c) for c in culprits.split("-")]
+
+
+def test_recorded_evidence_covers_every_pattern() -> None:
+    categories = {p.stem.rsplit("_w", 1)[0] for p in RECORDED}
+    assert {
+        "collective_mismatch",
+        "collective_stuck",
+        "cleanup_deadlock",
+        "straggler",
+        "dataloader_stall",
+        "init_deadlock",
+        "p2p_mismatch",
+        "rank_crashed",
+    } <= categories
+
+
+def test_ten_thousand_ranks_one_outlier() -> None:
+    ranks = [rank(r, in_collective("all_reduce", 120)) for r in range(10_000)]
+    ranks[4321] = rank(4321, in_collective("broadcast", 130, caller="log_metrics"))
+    verdict = classify(Evidence(world_size=10_000, ranks=ranks))
+    assert verdict.category == "collective_mismatch"
+    assert verdict.culprit_ranks == [4321]
+    assert verdict.culprit_nodes == ["node540"]
+    assert [len(g.ranks) for g in verdict.groups] == [9_999, 1]
+    assert "ranks 0-4320, 4322-9999" in verdict.summary
+
+
+def test_same_collective_at_another_call_site_is_a_mismatch() -> None:
+    ranks = [rank(r, in_collective("all_reduce", 120)) for r in range(8)]
+    ranks[5] = rank(5, in_collective("all_reduce", 140))
+    verdict = classify(Evidence(world_size=8, ranks=ranks))
+    assert (verdict.category, verdict.culprit_ranks) == ("collective_mismatch", [5])
+
+
+def test_everyone_in_one_collective_is_stuck_with_no_culprit() -> None:
+    ranks = [rank(r, in_collective("all_reduce", 120)) for r in range(4)]
+    verdict = classify(Evidence(world_size=4, ranks=ranks))
+    assert (verdict.category, verdict.culprit_ranks) == ("collective_stuck", [])
+    assert "network" in verdict.summary
+
+
+def test_two_ranks_split_evenly_names_both_with_low_confidence() -> None:
+    ranks = [rank(0, in_collective("all_reduce", 120)), rank(1, in_collective("barrier", 150))]
+    verdict = classify(Evidence(world_size=2, ranks=ranks))
+    assert verdict.category == "collective_mismatch"
+    assert verdict.culprit_ranks == [0, 1] and verdict.confidence < 0.5
+
+
+def test_cleanup_with_qualified_method_names() -> None:
+    cleanup = stack(
+        ("barrier", TORCH, 10),
+        ("Engine.close", USER, 50),
+        ("Engine.__exit__", USER, 60),
+        ("main", USER, 200),
+    )
+    ranks = [rank(r, in_collective("all_reduce", 120)) for r in range(4)] + [rank(4, cleanup)]
+    verdict = classify(Evidence(world_size=5, ranks=ranks))
+    assert (verdict.category, verdict.culprit_ranks) == ("cleanup_deadlock", [4])
+
+
+def test_straggler_needs_moving_cpu_or_ordinary_code() -> None:
+    busy = stack(("compute_reward", USER, 77), ("step", USER, 90), ("main", USER, 200))
+    ranks = [rank(r, in_collective("all_reduce", 120)) for r in range(3)]
+    ranks.append(rank(3, busy, state=RUNNING, cpu_utilization=0.98))
+    verdict = classify(Evidence(world_size=4, ranks=ranks))
+    assert (verdict.category, verdict.culprit_ranks) == ("straggler", [3])
+    assert "compute_reward" in verdict.summary
+
+
+def test_ddp_backward_counts_as_collective_only_without_cpu() -> None:
+    backward = stack(
+        ("_engine_run_backward", "/v/site-packages/torch/autograd/graph.py", 5),
+        ("backward", "/v/site-packages/torch/_tensor.py", 9),
+        ("step", USER, 80),
+        ("main", USER, 200),
+    )
+    waiting = [rank(r, backward, cpu_utilization=0.0) for r in range(3)]
+    other = rank(3, in_collective("all_reduce", 120), cpu_utilization=0.0)
+    verdict = classify(Evidence(world_size=4, ranks=[*waiting, other]))
+    assert (verdict.category, verdict.culprit_ranks) == ("collective_mismatch", [3])
+    computing = [rank(r, backward, state=RUNNING, cpu_utilization=1.0) for r in range(3)]
+    verdict = classify(Evidence(world_size=4, ranks=[*computing, other]))
+    assert verdict.category == "straggler" and verdict.culprit_ranks == [0, 1, 2]
+
+
+def test_init_deadlock_names_missing_ranks() -> None:
+    init = stack(("init_process_group", TORCH, 1), ("main", USER, 10))
+    ranks = [rank(r, init) for r in range(3)] + [RankEvidence(rank=3, state=MISSING)]
+    verdict = classify(Evidence(world_size=4, ranks=ranks, first_step_seen=False))
+    assert (verdict.category, verdict.culprit_ranks) == ("init_deadlock", [3])
+
+
+def test_crash_blames_first_real_failure_not_connection_errors() -> None:
+    def exited(r: int, t: float, exc: str, msg: str) -> RankEvidence:
+        return rank(
+            r,
+            [],
+            state=EXITED,
+            exit=ExitInfo(code=1, kind="exception", time=t, exc_type=exc, message=msg),
+        )
+
+    ranks = [
+        exited(0, 10.0, "RuntimeError", "Connection closed by peer [127.0.0.1]:4242"),
+        exited(1, 10.1, "RuntimeError", "Connection closed by peer [127.0.0.1]:4243"),
+        exited(2, 10.5, "ValueError", "shape mismatch"),  # later, but the only real error
+        rank(3, [], state=EXITED, exit=ExitInfo(code=-15, kind="signal")),
+    ]
+    verdict = classify(Evidence(world_size=4, ranks=ranks, job_failed=True))
+    assert (verdict.category, verdict.culprit_ranks) == ("rank_crashed", [2])
+    assert "shape mismatch" in verdict.summary and "127.0.0.1:4242" in verdict.summary
+
+
+def test_quiet_exit_zero_among_failures_is_the_culprit() -> None:
+    ranks = [
+        rank(
+            0,
+            [],
+            state=EXITED,
+            exit=ExitInfo(
+                code=1,
+                kind="exception",
+                time=5.0,
+                exc_type="RuntimeError",
+                message="Connection reset by peer",
+            ),
+        ),
+        rank(1, [], state=EXITED, exit=ExitInfo(code=0, kind="returned", time=4.0)),
+    ]
+    verdict = classify(Evidence(world_size=2, ranks=ranks, job_failed=True))
+    assert (verdict.category, verdict.culprit_ranks) == ("rank_crashed", [1])
+
+
+def test_no_stacks_at_all_is_unknown_but_explained() -> None:
+    ranks = [
+        RankEvidence(rank=r, state="unresponsive", error="py-spy: Permission denied")
+        for r in range(2)
+    ]
+    verdict = classify(Evidence(world_size=2, ranks=ranks))
+    assert verdict.category == "unknown" and verdict.summary
