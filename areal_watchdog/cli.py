@@ -1,6 +1,7 @@
 """``areal-launch``: launch a job (with ``--watchdog``), and work with its run directory.
 
     areal-launch [--watchdog] local CONFIG [key=value ...] [--dry-run]
+    areal-launch notify-test CONFIG [key=value ...]
 
 Exit codes: 0 completed, 1 the job failed, 2 bad usage or configuration, 3 a hang was detected
 and the job cancelled (``watchdog.on_hang: cancel``), 130 interrupted.
@@ -11,17 +12,25 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
-from areal_watchdog.config import load_config
+from areal_watchdog.config import JobConfig, load_config
+from areal_watchdog.delivery import delivery_id, send
 from areal_watchdog.errors import UserError
 from areal_watchdog.local_backend import (
     EXIT_INTERRUPTED,
+    EXIT_JOB_FAILED,
     EXIT_USAGE,
     build_local_plan,
     execute_local_plan,
 )
+from areal_watchdog.notifier import deliver_spooled, render, secret_values
+from areal_watchdog.paths import RunLayout
+from areal_watchdog.redact import Redactor
+from areal_watchdog.sample_report import sample_report
+from areal_watchdog.sinks import SecretError, SinkSpec, resolve
 
-COMMANDS = ("local",)
+COMMANDS = ("local", "notify-test")
 
 
 def _launch_parser(backend: str) -> argparse.ArgumentParser:
@@ -44,6 +53,26 @@ def _launch_parser(backend: str) -> argparse.ArgumentParser:
     return parser
 
 
+def _sinks(config: JobConfig) -> list[SinkSpec]:
+    return [SinkSpec.from_dict(d) for d in config.watchdog.notify]
+
+
+def check_sinks(config: JobConfig) -> None:
+    """Refuse to start a watched job whose notification secrets cannot be read."""
+    for spec in _sinks(config):
+        try:
+            resolve(spec)
+        except SecretError as exc:
+            raise UserError(f"{config.source}: watchdog.notify: {exc}") from None
+
+
+def flush_spool(run_dir: str, log: Callable[[str], None] = print) -> None:
+    """Deliver notifications an earlier run could not send."""
+    sent, left = deliver_spooled(RunLayout(Path(run_dir)).spool_dir, log)
+    if sent or left:
+        log(f"[areal-launch] spooled notifications: {sent} delivered, {left} still pending")
+
+
 def cmd_local(argv: list[str], watchdog: bool) -> int:
     args = _launch_parser("local").parse_intermixed_args(argv)
     config = load_config(args.config, args.overrides)
@@ -52,10 +81,46 @@ def cmd_local(argv: list[str], watchdog: bool) -> int:
     if args.dry_run:
         print(plan.render())
         return 0
+    if enabled:
+        check_sinks(config)
+    flush_spool(plan.run_dir)
     return execute_local_plan(plan)
 
 
-HANDLERS: dict[str, Callable[[list[str], bool], int]] = {"local": cmd_local}
+def cmd_notify_test(argv: list[str], _watchdog: bool) -> int:
+    parser = argparse.ArgumentParser(
+        prog="areal-launch notify-test",
+        description="Send a realistic sample report to every sink in watchdog.notify.",
+    )
+    parser.add_argument("config")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_intermixed_args(argv)
+    config = load_config(args.config, args.overrides)
+    specs = _sinks(config)
+    if not specs:
+        raise UserError(f"{config.source}: watchdog.notify lists no sink to test")
+    report = sample_report(config)
+    redactor = Redactor.from_environment(extra=secret_values(specs))
+    failures = 0
+    for spec in specs:
+        try:
+            sink = resolve(spec)
+        except SecretError as exc:
+            print(f"{spec.name} ({spec.type}): not sent: {exc}")
+            failures += 1
+            continue
+        outcome = send(
+            sink, render(spec, report), delivery_id(report["incident_id"], spec), redactor
+        )
+        print(f"{spec.name} ({spec.type}): {outcome.describe()}")
+        failures += not outcome.delivered
+    return EXIT_JOB_FAILED if failures else 0
+
+
+HANDLERS: dict[str, Callable[[list[str], bool], int]] = {
+    "local": cmd_local,
+    "notify-test": cmd_notify_test,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from areal_watchdog.debug_env import DEFAULT_DEBUG_ENV
 from areal_watchdog.errors import ConfigError, UserError
+from areal_watchdog.sinks import parse_sinks
 
 # AReaL's step line is ``... Epoch 1/1 Step 3/233 Train step 3/233 done.``: the last match on a
 # line wins, so the global "Train step" beats the epoch-local "Step".
@@ -62,7 +63,8 @@ class WatchdogSection:
     stack_method: str = "auto"
     crash_grace: float = 10.0
     debug_env: dict[str, str] = field(default_factory=dict)
-    notify: list[dict[str, Any]] = field(default_factory=list)
+    notify: list[dict[str, Any]] = field(default_factory=list)  # SinkSpec dicts: no secrets
+    spool_retry_interval: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -230,7 +232,12 @@ def _validate(source: str, raw: dict[str, Any]) -> JobConfig:
         stack_method=check.choice(wd, "watchdog.stack_method", STACK_METHODS, default="auto"),
         crash_grace=check.number(wd, "watchdog.crash_grace", default=10.0, minimum=0.0),
         debug_env=debug_env,
-        notify=check.mapping_list(wd, "watchdog.notify"),
+        notify=[
+            s.to_dict() for s in parse_sinks(check.mapping_list(wd, "watchdog.notify"), source)
+        ],
+        spool_retry_interval=check.number(
+            wd, "watchdog.spool_retry_interval", default=30.0, minimum=0.1
+        ),
     )
     return JobConfig(
         source=source,

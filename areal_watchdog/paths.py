@@ -67,6 +67,11 @@ class RunLayout:
         return self.watch_dir / "job_exit.json"
 
     @property
+    def spool_dir(self) -> Path:
+        """Notifications that could not be delivered yet."""
+        return self.watch_dir / "spool"
+
+    @property
     def cancel_file(self) -> Path:
         """Written by a sidecar before it ends a hung job (``on_hang: cancel``)."""
         return self.watch_dir / "cancelled.json"

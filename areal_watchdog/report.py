@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ class IncidentContext:
     trigger: str = "stall"  # stall | job_failed | rank_exited | node_lost
     action: str = "report"  # report | cancel
     trajectory: dict[str, Any] | None = None
+    timings: dict[str, float] = field(default_factory=dict)  # seconds spent per phase
 
 
 def new_incident_id(category: str, now: float | None = None) -> str:
@@ -97,6 +98,7 @@ def build_report(
         ],
         "unanswered_nodes": evidence.unanswered_nodes,
         "trajectory": ctx.trajectory,
+        "timings": ctx.timings,
         "files": {
             "incident_dir": str(incident_dir),
             "report_md": str(incident_dir / "report.md"),
@@ -129,6 +131,8 @@ def _rank_entry(rank: RankEvidence) -> dict[str, Any]:
             entry["exception"] = f"{rank.exit.exc_type}: {rank.exit.message or ''}".strip()
     if rank.error:
         entry["error"] = rank.error
+    if rank.process_status:
+        entry["process_status"] = rank.process_status
     if rank.cpu_utilization is not None:
         entry["cpu_utilization"] = round(rank.cpu_utilization, 3)
     return entry
@@ -237,7 +241,3 @@ def render_markdown(report: dict[str, Any]) -> str:
 def load_schema() -> dict[str, Any]:
     """The JSON Schema every report.json validates against."""
     return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
-
-
-def verdict_dict(verdict: Verdict) -> dict[str, Any]:
-    return asdict(verdict)

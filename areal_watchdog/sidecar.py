@@ -24,13 +24,16 @@ from areal_watchdog.discovery import RankProcess, discover
 from areal_watchdog.evidence import MISSING, Evidence, RankEvidence
 from areal_watchdog.gather import GatherSettings, gather_node
 from areal_watchdog.launch_info import LaunchInfo
+from areal_watchdog.notifier import Notifier
 from areal_watchdog.progress import StallClock, StepLogTail, default_log_patterns, read_heartbeats
 from areal_watchdog.rankset import format_ranks
 from areal_watchdog.redact import Redactor
 from areal_watchdog.report import IncidentContext, build_report, new_incident_id, write_incident
+from areal_watchdog.sinks import SinkSpec
 
 DISCOVERY_EVERY = 10  # polls between full environment scans once all local ranks are known
 STATUS_EVERY = 5.0  # seconds between node status file writes
+NOTIFY_FINISH_TIMEOUT = 30.0  # seconds to finish sending before the rest waits in the spool
 MIN_CPU_WINDOW = 0.2  # seconds of CPU accounting behind a utilisation figure
 
 
@@ -69,7 +72,15 @@ class Sidecar:
             self.layout, self.info.fileroot, self.info.experiment_name, self.info.trial_name
         )
         self.tail = StepLogTail(patterns + list(wd.log_files), wd.step_regex)
-        self.redactor = Redactor.from_environment()
+        specs = [SinkSpec.from_dict(d) for d in wd.notify]
+        self.notifier = Notifier(
+            specs,
+            self.layout.spool_dir,
+            Redactor.from_environment(),
+            self.log,
+            wd.spool_retry_interval,
+        )
+        self.redactor = self.notifier.redactor
         self.polls = 0
         self.last_status_write = 0.0
         self.last_said = ""
@@ -82,8 +93,12 @@ class Sidecar:
         if message == self.last_said:
             return
         self.last_said = message
+        print(f"[areal-watchdog {self.node}] {message}", file=self.out, flush=True)
+        self.log(message)
+
+    def log(self, message: str) -> None:
+        """A line in the sidecar's log file only."""
         line = f"[areal-watchdog {self.node}] {message}"
-        print(line, file=self.out, flush=True)
         try:
             with open(
                 self.layout.logs_dir / f"sidecar_{self.node}.log", "a", encoding="utf-8"
@@ -218,9 +233,15 @@ class Sidecar:
         )
 
     def incident(self, trigger: str, now: float, job_failed: bool = False) -> Path:
+        started = time.perf_counter()
         evidence = self.gather()
         evidence.job_failed = job_failed
+        gathered = time.perf_counter()
         verdict = classify(evidence)
+        timings = {
+            "gather_s": round(gathered - started, 4),
+            "classify_s": round(time.perf_counter() - gathered, 4),
+        }
         incident_id = new_incident_id(verdict.category, now)
         ctx = IncidentContext(
             backend=self.info.backend,
@@ -237,10 +258,12 @@ class Sidecar:
             last_step=self.clock.last_step,
             trigger=trigger,
             action=self.info.watchdog.on_hang if trigger != "job_failed" else "report",
+            timings=timings,
         )
         report = build_report(incident_id, verdict, evidence, ctx)
         path = write_incident(Path(self.info.run_dir), report, evidence, self.redactor)
         self.incidents.append(path)
+        self.notifier.submit(report)
         culprits = format_ranks(verdict.culprit_ranks) or "none named"
         self.say(
             f"report written: {path / 'report.md'} -- {verdict.category}, culprit ranks "
@@ -275,6 +298,7 @@ class Sidecar:
                 f"{len(self.incidents)} incident(s)"
             )
         self.write_status(time.time(), state="finished")
+        self.notifier.close(timeout=NOTIFY_FINISH_TIMEOUT)
 
     def write_status(self, now: float, state: str = "watching") -> None:
         self.last_status_write = now

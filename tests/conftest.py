@@ -80,6 +80,7 @@ class Launcher:
         config: Path = DEMO_CONFIG,
         args: tuple[str, ...] = ("--watchdog",),
         backend: str = "local",
+        env: dict[str, str] | None = None,
     ) -> tuple[subprocess.Popen, Path]:
         """Start ``areal-launch`` and return it with the run directory it will use."""
         cmd = [
@@ -100,6 +101,7 @@ class Launcher:
             text=True,
             start_new_session=True,
             cwd=REPO,
+            env={**os.environ, **(env or {})},
         )
         self.popens.append(proc)
         return proc, self.root / "hang-demo" / trial

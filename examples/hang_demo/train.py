@@ -154,6 +154,8 @@ def main() -> None:
     }
     settings.update(config.get("demo") or {})
     rank = int(os.environ["RANK"])
+    if settings["log_env"] and rank == 0:  # what many training scripts do, secrets and all
+        print("environment:", " ".join(f"{k}={v}" for k, v in sorted(os.environ.items())))
     misbehaving_rank = rank == settings["hang_rank"]
     if settings["hang"] == "init_deadlock" and misbehaving_rank:
         time.sleep(10**6)  # stuck loading a checkpoint before joining the process group

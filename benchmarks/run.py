@@ -1,0 +1,49 @@
+"""One command for every speed and memory target: ``.venv/bin/python benchmarks/run.py``.
+
+Runs real jobs on this machine and prints one table per topic, each row beside its target.
+``--only watchdog,notify`` limits the topics; ``--quick`` uses fewer repetitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_watchdog import run_watchdog_benchmarks  # noqa: E402
+
+TOPICS = {"watchdog": run_watchdog_benchmarks}
+
+
+def print_table(title: str, rows: list[tuple[str, str, str]]) -> None:
+    """Print ``(measure, value, target)`` rows under a title."""
+    width = max(len(r[0]) for r in rows)
+    value_width = max(len(r[1]) for r in rows)
+    print(f"\n## {title}\n")
+    print(f"{'measure'.ljust(width)}  {'measured'.ljust(value_width)}  target")
+    print(f"{'-' * width}  {'-' * value_width}  ------")
+    for measure, value, target in rows:
+        print(f"{measure.ljust(width)}  {value.ljust(value_width)}  {target}")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=",".join(TOPICS), help="comma-separated topics")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    args = parser.parse_args()
+    started = time.time()
+    for name in args.only.split(","):
+        if name not in TOPICS:
+            parser.error(f"unknown topic {name!r}; choose from {', '.join(TOPICS)}")
+        for title, rows in TOPICS[name](quick=args.quick):
+            print_table(title, rows)
+    print(f"\n(total {time.time() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

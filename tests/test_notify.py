@@ -1,0 +1,250 @@
+"""Notifications against a real HTTP receiver on 127.0.0.1: signatures, retries, spool, Slack."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from areal_watchdog.classify import classify
+from areal_watchdog.cli import main
+from areal_watchdog.config import load_config
+from areal_watchdog.delivery import Spool, delivery_id, send
+from areal_watchdog.envelope import ENVELOPE_SCHEMA, verify
+from areal_watchdog.errors import ConfigError
+from areal_watchdog.evidence import BLOCKED, Evidence, Frame, RankEvidence, ThreadStack
+from areal_watchdog.notifier import Notifier, render
+from areal_watchdog.redact import Redactor
+from areal_watchdog.report import IncidentContext, build_report
+from areal_watchdog.sample_report import sample_report
+from areal_watchdog.sinks import SinkSpec, parse_sinks, resolve
+from areal_watchdog.slack import build_slack_message, check_limits
+from conftest import DEMO_CONFIG
+from receiver import Receiver
+
+SECRET = "s3cret-signing-key"
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    server = Receiver(SECRET)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def report() -> dict:
+    return sample_report(load_config(DEMO_CONFIG))
+
+
+def webhook(url: str, **kw: object) -> SinkSpec:
+    os.environ["TEST_HOOK_URL"] = url
+    os.environ["TEST_HOOK_SECRET"] = SECRET
+    item = {
+        "type": "webhook",
+        "url_env": "TEST_HOOK_URL",
+        "secret_env": "TEST_HOOK_SECRET",
+        "backoff": 0.05,
+        **kw,
+    }
+    return parse_sinks([item], "test.yaml")[0]
+
+
+def deliver(spec: SinkSpec, report: dict) -> object:
+    return send(
+        resolve(spec), render(spec, report), delivery_id(report["incident_id"], spec), Redactor()
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_signed_envelope_is_delivered_and_verifies(receiver: Receiver, report: dict) -> None:
+    outcome = deliver(webhook(receiver.url()), report)
+    assert outcome.delivered and outcome.attempts == 1
+    (request,) = receiver.requests
+    assert request.verified
+    envelope = request.json()
+    assert envelope["schema"] == ENVELOPE_SCHEMA and envelope["event_type"] == "hang.detected"
+    assert envelope["verdict"]["category"] == "collective_mismatch"
+    assert envelope["verdict"]["culprit_ranks"] == [3]
+    assert envelope["incident_id"] == report["incident_id"]
+    assert request.headers["X-Hub-Signature-256"].startswith("sha256=")
+    assert not verify(request.body + b" ", request.headers, SECRET)  # tampering is caught
+
+
+def test_500_then_success_is_one_delivery_with_one_id(receiver: Receiver, report: dict) -> None:
+    receiver.script = [(500, {}, 0.0)]
+    outcome = deliver(webhook(receiver.url()), report)
+    assert outcome.delivered and outcome.attempts == 2
+    ids = receiver.delivered_ids()
+    assert len(ids) == 2 and len(set(ids)) == 1
+    assert all(r.verified for r in receiver.requests)
+
+
+def test_429_retry_after_is_honoured(receiver: Receiver, report: dict) -> None:
+    receiver.script = [(429, {"Retry-After": "2"}, 0.0)]
+    outcome = deliver(webhook(receiver.url()), report)
+    first, second = receiver.requests
+    assert outcome.delivered
+    assert second.at - first.at >= 2.0
+
+
+def test_400_is_not_retried_and_logged_without_secrets(receiver: Receiver, report: dict) -> None:
+    receiver.script = [(400, {}, 0.0)]
+    spec = webhook(receiver.url())
+    sink = resolve(spec)
+    outcome = send(
+        sink, render(spec, report), "msg_x", Redactor(["hunter2secret", *sink.secret_values()])
+    )
+    assert not outcome.delivered and not outcome.retryable
+    assert len(receiver.requests) == 1
+    assert "HTTP 400" in outcome.describe() and "go away" in outcome.describe()
+    assert "hunter2secret" not in outcome.describe()
+
+
+def test_receiver_down_then_up_is_spooled_then_delivered_once(tmp_path: Path, report: dict) -> None:
+    port = free_port()
+    spec = webhook(f"http://127.0.0.1:{port}/hook", max_attempts=2)
+    notifier = Notifier(
+        [spec], tmp_path / "spool", Redactor(), lambda m: None, spool_retry_interval=0.5
+    )
+    notifier.submit(report)
+    spool = Spool(tmp_path / "spool")
+    deadline = time.time() + 10
+    while (
+        time.time() < deadline
+        and "not sent yet" in json.dumps(spool.pending())
+        or not spool.pending()
+    ):
+        time.sleep(0.1)
+    assert len(spool.pending()) == 1 and "ConnectionError" in spool.pending()[0]["last_error"]
+    receiver = Receiver(SECRET, port=port)  # the receiver comes back
+    try:
+        deadline = time.time() + 10
+        while time.time() < deadline and not receiver.requests:
+            time.sleep(0.1)
+        time.sleep(1.5)  # more spool rounds: nothing may be sent again
+        notifier.close(timeout=5)
+        assert len(receiver.requests) == 1 and receiver.requests[0].verified
+        assert spool.pending() == []
+        assert spool.flush(Redactor()) == (0, 0)
+    finally:
+        receiver.close()
+
+
+def test_receiver_that_never_answers_does_not_block(
+    receiver: Receiver, tmp_path: Path, report: dict
+) -> None:
+    receiver.script = [(200, {}, 30.0)] * 3
+    spec = webhook(receiver.url(), timeout=1, max_attempts=2)
+    notifier = Notifier([spec], tmp_path / "spool", Redactor(), lambda m: None)
+    started = time.monotonic()
+    notifier.submit(report)
+    assert time.monotonic() - started < 0.1  # detection goes on at once
+    deadline = time.time() + 15
+    while time.time() < deadline and len(receiver.requests) < 2:
+        time.sleep(0.1)
+    notifier.close(timeout=5)
+    (entry,) = Spool(tmp_path / "spool").pending()
+    assert "ReadTimeout" in entry["last_error"]
+
+
+def synthetic_report(world: int, groups: int) -> dict:
+    torch_file = "/v/site-packages/torch/distributed/distributed_c10d.py"
+    ranks = []
+    for r in range(world):
+        site = max(0, r - (world - groups))  # one big group, then one group per outlier rank
+        frames = [
+            Frame("all_reduce", torch_file, 1),
+            Frame(f"layer_{site}_" + "x" * 80, "/proj/model/very/deep/module.py", 100 + site),
+            Frame("train_step", "/proj/train.py", 50),
+            Frame("main", "/proj/train.py", 9),
+        ]
+        ranks.append(
+            RankEvidence(
+                r, f"node{r // 8}", r, r % 8, BLOCKED, "py-spy", [ThreadStack("MainThread", frames)]
+            )
+        )
+    evidence = Evidence(world_size=world, ranks=ranks)
+    ctx = IncidentContext(
+        "slurm",
+        "rid",
+        "/runs/x",
+        world,
+        [f"node{i}" for i in range(world // 8)],
+        "exp",
+        "trial",
+        last_step=7,
+    )
+    return build_report(
+        "20261122T000000Z-collective_mismatch-abcd", classify(evidence), evidence, ctx
+    )
+
+
+@pytest.mark.parametrize(("world", "groups"), [(2, 2), (64, 5), (1024, 40)])
+def test_slack_message_stays_inside_limits(world: int, groups: int) -> None:
+    report = synthetic_report(world, groups)
+    message = build_slack_message(report)
+    assert check_limits(message) == []
+    assert message["text"].startswith("[areal-watchdog] collective_mismatch")
+    texts = json.dumps(message)
+    assert "collective_mismatch in exp/trial" in texts
+    assert report["files"]["incident_dir"] in texts
+    if len(report["groups"]) > 40:
+        assert "more stack groups" in texts
+
+
+def test_slack_fold_for_1024_ranks_and_40_groups() -> None:
+    report = synthetic_report(1024, 40)
+    assert len(report["groups"]) >= 40
+    message = build_slack_message(report)
+    assert len(message["blocks"]) <= 50
+    assert "more stack groups" in json.dumps(message)
+
+
+def test_secrets_never_sit_in_the_config(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="use url_env"):
+        parse_sinks([{"type": "webhook", "url": "https://x.example/hook"}], "c.yaml")
+    secret_file = tmp_path / "secret"
+    secret_file.write_text("abcdefgh")
+    secret_file.chmod(0o644)
+    spec = parse_sinks([{"type": "webhook", "url_file": str(secret_file)}], "c.yaml")[0]
+    with pytest.raises(Exception, match="readable by others.*chmod 600"):
+        resolve(spec)
+    secret_file.chmod(0o600)
+    assert resolve(spec).url == "abcdefgh"
+
+
+def test_notify_test_command_reports_each_sink(
+    receiver: Receiver,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TEST_HOOK_URL", receiver.url())
+    monkeypatch.setenv("TEST_HOOK_SECRET", SECRET)
+    monkeypatch.setenv("TEST_SLACK_URL", receiver.url("/slack"))
+    monkeypatch.delenv("MISSING_URL", raising=False)
+    overrides = [
+        "+watchdog.notify=[{type: webhook, url_env: TEST_HOOK_URL, secret_env: TEST_HOOK_SECRET},"
+        " {type: slack, webhook_url_env: TEST_SLACK_URL},"
+        " {type: webhook, name: broken, url_env: MISSING_URL}]",
+    ]
+    code = main(["notify-test", str(DEMO_CONFIG), *overrides])
+    out = capsys.readouterr().out
+    assert code == 1  # one sink could not be reached
+    assert "webhook-0 (webhook): delivered (HTTP 200" in out
+    assert "slack-1 (slack): delivered (HTTP 200" in out
+    assert "broken (webhook): not sent: sink broken: environment variable MISSING_URL" in out
+    assert receiver.url() not in out
+    slack = next(r for r in receiver.requests if r.path == "/slack").json()
+    assert check_limits(slack) == [] and "TEST from areal-launch notify-test" in slack["text"]

@@ -1,0 +1,74 @@
+"""A real local hang reaches a real receiver as one signed webhook and one Slack message,
+with no secret from the job's environment anywhere."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from areal_watchdog.slack import check_limits
+from conftest import FAST, Launcher
+from receiver import Receiver
+
+pytestmark = pytest.mark.slow
+
+SECRET = "e2e-signing-secret"
+WANDB = "wandb-key-0123456789abcdef"
+HF = "hf_TOKENabcdefghijklmnop"
+
+
+def test_real_hang_is_delivered_signed_and_scrubbed(launcher: Launcher) -> None:
+    receiver = Receiver(SECRET)
+    try:
+        env = {
+            "HOOK_URL": receiver.url("/hook"),
+            "HOOK_SECRET": SECRET,
+            "SLACK_URL": receiver.url("/slack"),
+            "WANDB_API_KEY": WANDB,
+            "HF_TOKEN": HF,
+        }
+        notify = (
+            "+watchdog.notify=[{type: webhook, url_env: HOOK_URL, secret_env: HOOK_SECRET},"
+            " {type: slack, webhook_url_env: SLACK_URL}]"
+        )
+        result = launcher.run(
+            [
+                *FAST,
+                notify,
+                "launch.nproc_per_node=3",
+                "demo.log_env=true",
+                "demo.hang=collective_mismatch",
+                "demo.hang_rank=2",
+                "demo.hang_step=2",
+            ],
+            env=env,
+        )
+    finally:
+        receiver.close()
+    assert result.returncode == 3, result.output[-3000:]
+    (report,) = result.reports
+    hooks = [r for r in receiver.requests if r.path == "/hook"]
+    slacks = [r for r in receiver.requests if r.path == "/slack"]
+    assert len(hooks) == 1 and len(slacks) == 1
+    assert hooks[0].verified
+    envelope = hooks[0].json()
+    assert envelope["verdict"]["category"] == "collective_mismatch"
+    assert envelope["verdict"]["culprit_ranks"] == [2]
+    slack = slacks[0].json()
+    assert check_limits(slack) == []
+    assert "collective_mismatch" in slack["text"] and "Culprit ranks*\\n2" in json.dumps(slack)
+
+    incident = Path(report["files"]["incident_dir"])
+    assert WANDB in result.output  # the job itself printed them: the test is meaningful
+    ours = [*incident.rglob("*"), *(result.run_dir / "watchdog" / "logs").glob("sidecar_*")]
+    texts = [p.read_text(errors="replace") for p in ours if p.is_file()]
+    texts += [r.body.decode() for r in receiver.requests]
+    assert any("environment:" in t for t in texts)  # the log tail with the env line is there
+    for text in texts:
+        assert WANDB not in text and HF not in text and SECRET not in text
+        assert receiver.url("/hook") not in text
+    delay = hooks[0].wall - (incident / "report.json").stat().st_mtime
+    print(f"report on disk -> webhook received: {delay * 1000:.0f} ms")
+    assert delay < 5
