@@ -1,6 +1,7 @@
 """``areal-launch``: launch a job (with ``--watchdog``), and work with its run directory.
 
     areal-launch [--watchdog] local CONFIG [key=value ...] [--dry-run]
+    areal-launch replay RUN_DIR [--step N | --from N --to M] [--nproc K] [--dry-run]
     areal-launch notify-test CONFIG [key=value ...]
 
 Exit codes: 0 completed, 1 the job failed, 2 bad usage or configuration, 3 a hang was detected
@@ -26,11 +27,13 @@ from areal_watchdog.local_backend import (
 )
 from areal_watchdog.notifier import deliver_spooled, render, secret_values
 from areal_watchdog.paths import RunLayout
+from areal_watchdog.rankset import format_ranks
 from areal_watchdog.redact import Redactor
+from areal_watchdog.replay import ReplayRequest, plan_replay_config
 from areal_watchdog.sample_report import sample_report
 from areal_watchdog.sinks import SecretError, SinkSpec, resolve
 
-COMMANDS = ("local", "notify-test")
+COMMANDS = ("local", "replay", "notify-test")
 
 
 def _launch_parser(backend: str) -> argparse.ArgumentParser:
@@ -87,6 +90,68 @@ def cmd_local(argv: list[str], watchdog: bool) -> int:
     return execute_local_plan(plan)
 
 
+def cmd_replay(argv: list[str], _watchdog: bool) -> int:
+    parser = argparse.ArgumentParser(
+        prog="areal-launch replay",
+        description="Replay dumped training steps of RUN_DIR on this node, without rollout.",
+    )
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("overrides", nargs="*", help="Hydra-style overrides for the replay")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
+        "--step",
+        type=int,
+        help="replay this step (default: the newest step dumped before the newest incident)",
+    )
+    which.add_argument("--from", dest="first", type=int, help="first step of a range")
+    parser.add_argument("--to", dest="last", type=int, help="last step of a range")
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        help="ranks (default: the recorded DP size); batches are re-split deterministically",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
+    parser.add_argument(
+        "--unsafe-load",
+        action="store_true",
+        help="allow full unpickling of dump files (only for dumps you trust)",
+    )
+    parser.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="replay even if the config differs from the recording's",
+    )
+    args = parser.parse_intermixed_args(argv)
+    if args.last is not None and args.step is not None:
+        parser.error("--to goes with --from, not with --step")
+    if args.nproc is not None and args.nproc < 1:
+        parser.error("--nproc must be at least 1")
+    request = ReplayRequest(
+        args.run_dir,
+        args.step,
+        args.first,
+        args.last,
+        args.nproc,
+        args.unsafe_load,
+        args.allow_config_change,
+        tuple(args.overrides),
+    )
+    config, steps = plan_replay_config(request)
+    plan = build_local_plan(config, watchdog=True)
+    if args.dry_run:
+        print(f"replaying step(s) {format_ranks(steps)} of {args.run_dir}\n")
+        print(plan.render())
+        return 0
+    check_sinks(config)
+    flush_spool(str(RunLayout(args.run_dir).run_dir))
+    print(
+        f"[areal-launch] replaying step(s) {format_ranks(steps)} of {args.run_dir} as trial "
+        f"{config.trial_name} ({config.launch.nproc_per_node} ranks, rollout bypassed)",
+        flush=True,
+    )
+    return execute_local_plan(plan)
+
+
 def cmd_notify_test(argv: list[str], _watchdog: bool) -> int:
     parser = argparse.ArgumentParser(
         prog="areal-launch notify-test",
@@ -119,6 +184,7 @@ def cmd_notify_test(argv: list[str], _watchdog: bool) -> int:
 
 HANDLERS: dict[str, Callable[[list[str], bool], int]] = {
     "local": cmd_local,
+    "replay": cmd_replay,
     "notify-test": cmd_notify_test,
 }
 

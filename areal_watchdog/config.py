@@ -65,6 +65,10 @@ class WatchdogSection:
     debug_env: dict[str, str] = field(default_factory=dict)
     notify: list[dict[str, Any]] = field(default_factory=list)  # SinkSpec dicts: no secrets
     spool_retry_interval: float = 30.0
+    trajectory_dump: bool = True
+    trajectory_max_keep: int = 5
+    trajectory_pin_steps: list[int] = field(default_factory=list)
+    trajectory_dump_steps: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -86,9 +90,30 @@ class JobConfig:
         """``<fileroot>/<experiment_name>/<trial_name>``, where AReaL keeps a trial's files."""
         return Path(self.fileroot) / self.experiment_name / self.trial_name
 
-    def job_tree(self) -> dict[str, Any]:
-        """The resolved config the training script receives: everything but our sections."""
-        return {k: v for k, v in self.raw.items() if k not in OUR_SECTIONS}
+    @property
+    def trajectory_dir(self) -> Path:
+        """Where step batches are dumped: ``trajectory_debug.path`` or AReaL's default."""
+        section = self.raw.get("trajectory_debug")
+        if isinstance(section, dict) and section.get("path"):
+            return Path(str(section["path"]))
+        return self.run_dir / "debug_trajectories"
+
+    def job_tree(self, dumping: bool = False) -> dict[str, Any]:
+        """The resolved config the training script receives: everything but our sections.
+
+        With ``dumping``, an AReaL ``trajectory_debug`` section is switched to dumping (unless
+        the config replays a dump already) with our ``max_keep`` and path.
+        """
+        tree = {k: v for k, v in self.raw.items() if k not in OUR_SECTIONS}
+        section = tree.get("trajectory_debug")
+        if dumping and isinstance(section, dict) and not section.get("replay_rollout_data"):
+            tree["trajectory_debug"] = {
+                **section,
+                "dump_rollout_data": True,
+                "max_keep": self.watchdog.trajectory_max_keep,
+                "path": str(self.trajectory_dir),
+            }
+        return tree
 
 
 def load_config(
@@ -212,6 +237,8 @@ def _validate(source: str, raw: dict[str, Any]) -> JobConfig:
         raise ConfigError(
             source, "watchdog.step_regex", "needs a group that captures the step number"
         )
+    trajectory = check.section(wd, "watchdog.trajectory")
+    dump_steps = trajectory.get("dump_steps")
     debug_env = dict(DEFAULT_DEBUG_ENV)
     for name, value in check.section(wd, "watchdog.debug_env").items():
         if value is None or value is False:
@@ -238,6 +265,14 @@ def _validate(source: str, raw: dict[str, Any]) -> JobConfig:
         spool_retry_interval=check.number(
             wd, "watchdog.spool_retry_interval", default=30.0, minimum=0.1
         ),
+        trajectory_dump=check.boolean(trajectory, "watchdog.trajectory.enabled", default=True),
+        trajectory_max_keep=check.integer(
+            trajectory, "watchdog.trajectory.max_keep", default=5, minimum=0
+        ),
+        trajectory_pin_steps=check.int_list(trajectory, "watchdog.trajectory.pin_steps"),
+        trajectory_dump_steps=None
+        if dump_steps is None
+        else check.int_list(trajectory, "watchdog.trajectory.dump_steps"),
     )
     return JobConfig(
         source=source,
@@ -330,6 +365,14 @@ class _Checker:
 
     def string_map(self, tree: dict[str, Any], key: str) -> dict[str, str]:
         return {str(k): str(v) for k, v in self.section(tree, key).items() if v is not None}
+
+    def int_list(self, tree: dict[str, Any], key: str) -> list[int]:
+        value = tree.get(self._leaf(key)) or []
+        if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            raise self._fail(key, f"must be a list of step numbers, got {value!r}")
+        return value
 
     def mapping_list(self, tree: dict[str, Any], key: str) -> list[dict[str, Any]]:
         value = tree.get(self._leaf(key)) or []

@@ -14,7 +14,6 @@ DEFAULT_DEBUG_ENV: dict[str, str] = {
     "NCCL_DEBUG_SUBSYS": "INIT,COLL",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
     # Flight Recorder: keep the last collectives per rank and dump them on timeout or on request.
-    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
     "TORCH_FR_BUFFER_SIZE": "2000",
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
     "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "{watch_dir}/flight_recorder/rank_",

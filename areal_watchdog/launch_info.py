@@ -26,6 +26,7 @@ class LaunchInfo:
     trial_name: str
     fileroot: str
     watchdog: WatchdogSection
+    trajectory_dir: str | None = None
     job_id: str | None = None
 
     @property

@@ -24,6 +24,7 @@ from typing import TextIO
 import psutil
 import yaml
 
+from areal_watchdog import dump_layout as trajectory
 from areal_watchdog.atomic import read_json, write_json_atomic
 from areal_watchdog.config import JobConfig
 from areal_watchdog.debug_env import render_debug_env
@@ -64,9 +65,27 @@ def job_environment(
 ) -> dict[str, str]:
     """The variables every rank gets on top of the launcher's environment."""
     env: dict[str, str] = {}
+    wd = config.watchdog
     if watchdog:
-        env.update(render_debug_env(config.watchdog.debug_env, str(layout.watch_dir)))
-        env.update({ENV_RUN_ID: run_id, ENV_WATCH_DIR: str(layout.watch_dir), ENV_NODE: node})
+        env.update(render_debug_env(wd.debug_env, str(layout.watch_dir)))
+        env.update(
+            {
+                ENV_RUN_ID: run_id,
+                ENV_WATCH_DIR: str(layout.watch_dir),
+                ENV_NODE: node,
+                trajectory.ENV_CONFIG_HASH: trajectory.config_hash(config.raw),
+            }
+        )
+        if wd.trajectory_dump:
+            env.update(
+                {
+                    trajectory.ENV_DIR: str(config.trajectory_dir),
+                    trajectory.ENV_MAX_KEEP: str(wd.trajectory_max_keep),
+                    trajectory.ENV_PIN_STEPS: ",".join(map(str, wd.trajectory_pin_steps)),
+                }
+            )
+            if wd.trajectory_dump_steps is not None:
+                env[trajectory.ENV_DUMP_STEPS] = ",".join(map(str, wd.trajectory_dump_steps))
     env.update(config.launch.env)
     return env
 
@@ -82,13 +101,25 @@ def rank_command(config: JobConfig, layout: RunLayout, watchdog: bool) -> list[s
     return tail if entry.endswith(".py") else ["-m", *tail]
 
 
-def launch_files(config: JobConfig, info: LaunchInfo) -> dict[str, str]:
-    """launch.json for the sidecars and the resolved config for the training script."""
+def launch_files(config: JobConfig, info: LaunchInfo, watchdog: bool) -> dict[str, str]:
+    """launch.json for the sidecars, the resolved config for the training script, and the whole
+    resolved config (our sections included) from which ``areal-launch replay`` starts again."""
     layout = info.layout
+    dumping = watchdog and config.watchdog.trajectory_dump
     return {
         str(layout.launch_file): json.dumps(info.to_dict(), indent=1, sort_keys=True),
-        str(layout.job_config): yaml.safe_dump(config.job_tree(), sort_keys=False),
+        str(layout.job_config): yaml.safe_dump(config.job_tree(dumping), sort_keys=False),
+        str(layout.launch_config): yaml.safe_dump(
+            _with_resolved_entrypoint(config), sort_keys=False
+        ),
     }
+
+
+def _with_resolved_entrypoint(config: JobConfig) -> dict:
+    """The whole config with the entrypoint as an absolute path, so a replay runs anywhere."""
+    raw = dict(config.raw)
+    raw["launch"] = {**raw.get("launch", {}), "entrypoint": resolve_entrypoint(config)}
+    return raw
 
 
 def build_local_plan(config: JobConfig, watchdog: bool, run_id: str | None = None) -> LaunchPlan:
@@ -109,6 +140,7 @@ def build_local_plan(config: JobConfig, watchdog: bool, run_id: str | None = Non
         trial_name=config.trial_name,
         fileroot=config.fileroot,
         watchdog=config.watchdog,
+        trajectory_dir=str(config.trajectory_dir) if config.watchdog.trajectory_dump else None,
     )
     torchrun = [
         python,
@@ -158,7 +190,7 @@ def build_local_plan(config: JobConfig, watchdog: bool, run_id: str | None = Non
         backend="local",
         run_id=run_id,
         run_dir=str(layout.run_dir),
-        files=launch_files(config, info),
+        files=launch_files(config, info, watchdog),
         processes=processes,
         reset_paths=[str(p) for p in reset],
     )

@@ -30,6 +30,11 @@ class RunLayout:
         return self.watch_dir / "launch.json"
 
     @property
+    def launch_config(self) -> Path:
+        """The whole resolved config as launched; ``areal-launch replay`` starts from it."""
+        return self.watch_dir / "launch_config.yaml"
+
+    @property
     def job_config(self) -> Path:
         """The resolved config handed to the training script (our sections removed)."""
         return self.watch_dir / "job_config.yaml"
@@ -79,10 +84,6 @@ class RunLayout:
     @property
     def incidents_dir(self) -> Path:
         return self.run_dir / "incidents"
-
-    @property
-    def trajectories_dir(self) -> Path:
-        return self.run_dir / "debug_trajectories"
 
     def registration(self, rank: int) -> Path:
         return self.ranks_dir / f"rank_{rank}.json"

@@ -10,6 +10,7 @@ it, writes one incident and hands the report to the notifiers. It exits when the
 from __future__ import annotations
 
 import argparse
+import shlex
 import signal
 import sys
 import time
@@ -21,6 +22,7 @@ import psutil
 from areal_watchdog.atomic import read_json, write_json_atomic
 from areal_watchdog.classify import classify
 from areal_watchdog.discovery import RankProcess, discover
+from areal_watchdog.dump_layout import complete_steps
 from areal_watchdog.evidence import MISSING, Evidence, RankEvidence
 from areal_watchdog.gather import GatherSettings, gather_node
 from areal_watchdog.launch_info import LaunchInfo
@@ -195,11 +197,9 @@ class Sidecar:
             except psutil.Error:
                 self.gone[rank] = watch.proc
                 del self.ranks[rank]
-                if not self.cancelling:
-                    self.say(
-                        f"rank {rank} (pid {watch.proc.pid}) exited; "
-                        f"{len(self.ranks)} ranks still alive"
-                    )
+                self.log(
+                    f"rank {rank} (pid {watch.proc.pid}) exited; {len(self.ranks)} ranks alive"
+                )
                 continue
             elapsed = now - watch.last_sample
             if elapsed >= MIN_CPU_WINDOW:  # shorter windows give noisy utilisation
@@ -259,6 +259,7 @@ class Sidecar:
             trigger=trigger,
             action=self.info.watchdog.on_hang if trigger != "job_failed" else "report",
             timings=timings,
+            trajectory=self.last_dump(),
         )
         report = build_report(incident_id, verdict, evidence, ctx)
         path = write_incident(Path(self.info.run_dir), report, evidence, self.redactor)
@@ -272,6 +273,20 @@ class Sidecar:
         if ctx.action == "cancel" and trigger != "job_failed":
             self.cancel_job(incident_id)
         return path
+
+    def last_dump(self) -> dict[str, object] | None:
+        """The newest completely dumped step, with the command that replays it."""
+        if not self.info.trajectory_dir:
+            return None
+        steps = complete_steps(Path(self.info.trajectory_dir))
+        if not steps:
+            return None
+        step = max(steps)
+        return {
+            "step": step,
+            "files": [str(p) for p in steps[step]],
+            "replay_command": f"areal-launch replay {shlex.quote(self.info.run_dir)} --step {step}",
+        }
 
     def cancel_job(self, incident_id: str) -> None:
         """``on_hang: cancel``: ask the launcher to end the job, with the incident as reason."""

@@ -1,0 +1,392 @@
+"""Record every training step's rollout batch, and read it back for replay.
+
+Files follow AReaL's proposed ``trajectory_debug`` layout, so dumps from either side are
+interchangeable: ``step_{step:06d}.pt`` (one data-parallel rank) or ``step_{step:06d}_dp_{k}.pt``,
+each a ``torch.save`` of ``list[dict[str, Tensor | plain value]]`` (one dict per prompt group),
+loadable by plain ``torch.load``. Beside each file a manifest
+(``step_{step:06d}[_dp_{k}].manifest.json``) lists tensor names, shapes, dtypes and byte sizes,
+the file's SHA-256, the world and DP sizes and the config hash.
+
+Writes happen on a background thread (a bounded queue: a full queue makes ``record`` wait, never
+grows memory), atomically (temporary file, fsync, rename). A full disk or an unwritable directory
+disables dumping with one warning; training goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from areal_watchdog.atomic import write_json_atomic
+from areal_watchdog.dump_layout import (
+    ENV_CONFIG_HASH,
+    ENV_DIR,
+    ENV_DUMP_STEPS,
+    ENV_MAX_KEEP,
+    ENV_PIN_STEPS,
+    ENV_REPLAY_DIR,
+    ENV_REPLAY_STEPS,
+    ENV_REPLAY_UNSAFE,
+    ENV_REPLAY_VERIFIED,
+    FORMAT_VERSION,
+    check_file,
+    complete_steps,
+    list_step_files,
+    manifest_path,
+    read_manifest,
+    step_file_name,
+)
+from areal_watchdog.heartbeat import heartbeat
+from areal_watchdog.rankset import format_ranks
+
+Batch = list[dict[str, Any]]
+
+
+class DumpError(Exception):
+    """A dump cannot be used: missing, truncated, corrupted or from another config."""
+
+
+def describe_batch(batch: Batch) -> list[dict[str, Any]]:
+    """Per group and key: shape, dtype and byte size of every tensor (plain values: type)."""
+    entries = []
+    for index, group in enumerate(batch):
+        for name, value in group.items():
+            if isinstance(value, torch.Tensor):
+                entries.append(
+                    {
+                        "group": index,
+                        "name": name,
+                        "shape": list(value.shape),
+                        "dtype": str(value.dtype).replace("torch.", ""),
+                        "bytes": value.element_size() * value.nelement(),
+                    }
+                )
+            else:
+                entries.append({"group": index, "name": name, "type": type(value).__name__})
+    return entries
+
+
+def _snapshot(batch: Batch) -> Batch:
+    """A structural copy (new list and dicts, tensors on the CPU) safe to hand to the writer."""
+    copied = []
+    for group in batch:
+        copied.append(
+            {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in group.items()}
+        )
+    return copied
+
+
+@dataclass
+class _Job:
+    step: int
+    batch: Batch
+
+
+class TrajectoryRecorder:
+    """Dump rollout batches off the training thread; see the module docstring.
+
+    ``record`` keeps references to the batch's CPU tensors (GPU tensors are copied to the CPU):
+    do not modify them in place until the step is written, or pass ``copy=True``.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        dp_rank: int | None = None,
+        dp_size: int = 1,
+        world_size: int = 1,
+        max_keep: int | None = 5,
+        pin_steps: Iterable[int] = (),
+        dump_steps: Iterable[int] | None = None,
+        max_pending: int = 2,
+        config_hash: str = "",
+    ) -> None:
+        self.directory = Path(directory)
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+        self.world_size = world_size
+        self.max_keep = max_keep
+        self.pin_steps = set(pin_steps)
+        self.dump_steps = None if dump_steps is None else set(dump_steps)
+        self.config_hash = config_hash
+        self.disabled_reason: str | None = None
+        self.blocked_seconds = 0.0  # time record() waited on a full queue
+        self.written: list[int] = []
+        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=max(1, max_pending))
+        self._thread = threading.Thread(
+            target=self._write_loop, name="areal-trajectory-writer", daemon=True
+        )
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self._disable(f"cannot create {self.directory}: {exc.strerror}")
+        self._thread.start()
+
+    @classmethod
+    def from_env(cls, dp_rank: int | None = None, dp_size: int = 1) -> TrajectoryRecorder | None:
+        """The recorder ``areal-launch`` turned on for this job, or None when dumping is off."""
+        directory = os.environ.get(ENV_DIR)
+        if not directory:
+            return None
+        keep = os.environ.get(ENV_MAX_KEEP, "5")
+        return cls(
+            directory,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            max_keep=int(keep) if keep else None,
+            pin_steps=_int_list(os.environ.get(ENV_PIN_STEPS, "")),
+            dump_steps=_int_list(os.environ[ENV_DUMP_STEPS])
+            if os.environ.get(ENV_DUMP_STEPS)
+            else None,
+            config_hash=os.environ.get(ENV_CONFIG_HASH, ""),
+        )
+
+    def record(self, step: int, batch: Batch, copy: bool = False) -> None:
+        """Queue ``batch`` as step ``step`` (a heartbeat too); waits only when the queue is full."""
+        heartbeat(step)
+        if self.disabled_reason or (self.dump_steps is not None and step not in self.dump_steps):
+            return
+        snapshot = _snapshot(batch)
+        if copy:
+            snapshot = [
+                {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in g.items()}
+                for g in snapshot
+            ]
+        started = time.perf_counter()
+        self._queue.put(_Job(step, snapshot))
+        self.blocked_seconds += time.perf_counter() - started
+
+    def flush(self, timeout: float = 60.0) -> None:
+        """Wait until every queued step is on disk."""
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    def close(self, timeout: float = 60.0) -> None:
+        self.flush(timeout)
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _disable(self, reason: str) -> None:
+        if self.disabled_reason is None:
+            self.disabled_reason = reason
+            print(
+                f"[areal-watchdog] trajectory dumping disabled, training goes on: {reason}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def _write_loop(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job is None:
+                    return
+                if not self.disabled_reason:
+                    self._write(job)
+            finally:
+                self._queue.task_done()
+
+    def _write(self, job: _Job) -> None:
+        final = self.directory / step_file_name(job.step, self.dp_rank)
+        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+        try:
+            digest = hashlib.sha256()
+            with open(tmp, "wb") as fh:
+                torch.save(job.batch, _HashingWriter(fh, digest))
+                fh.flush()
+                os.fsync(fh.fileno())
+            size = tmp.stat().st_size
+            manifest = {
+                "format_version": FORMAT_VERSION,
+                "step": job.step,
+                "dp_rank": self.dp_rank,
+                "dp_size": self.dp_size,
+                "world_size": self.world_size,
+                "config_hash": self.config_hash,
+                "file": final.name,
+                "bytes": size,
+                "sha256": digest.hexdigest(),
+                "groups": len(job.batch),
+                "tensors": describe_batch(job.batch),
+                "created": time.time(),
+            }
+            os.replace(tmp, final)
+            write_json_atomic(manifest_path(final), manifest, fsync=True)
+            self.written.append(job.step)
+            self._rotate()
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            self._disable(f"writing {final.name} failed: {exc.strerror or exc}")
+
+    def _rotate(self) -> None:
+        if self.max_keep is None:
+            return
+        mine = [(s, p) for s, dp, p in list_step_files(self.directory) if dp == self.dp_rank]
+        steps = sorted({s for s, _ in mine})
+        keep = (
+            set(steps[-self.max_keep :]) | self.pin_steps if self.max_keep > 0 else self.pin_steps
+        )
+        for step, path in mine:
+            if step not in keep:
+                path.unlink(missing_ok=True)
+                manifest_path(path).unlink(missing_ok=True)
+
+
+class _HashingWriter:
+    """A file wrapper that hashes what torch.save writes, so the checksum needs no re-read."""
+
+    def __init__(self, fh: Any, digest: Any) -> None:
+        self.fh, self.digest = fh, digest
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return self.fh.write(data)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(x) for x in text.replace(",", " ").split()]
+
+
+def load_step_file(path: Path, *, checksum: bool = True, unsafe: bool = False) -> Batch:
+    """Load one dump file; with a manifest beside it, its size (and ``checksum``) must match.
+
+    Files without a manifest (AReaL's own dumps) load as they are. DumpError names the file.
+    """
+    if not path.exists():
+        raise DumpError(f"{path}: missing")
+    if read_manifest(path) is not None:
+        problem = check_file(path, checksum=checksum)
+        if problem:
+            raise DumpError(problem)
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=not unsafe)
+    except Exception as exc:  # noqa: BLE001 - torch raises many types for a bad archive
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        hint = (
+            (
+                "; it holds objects the safe loader refuses: load it with --unsafe-load only if "
+                "you trust its origin"
+            )
+            if "weights_only" in str(exc)
+            else ""
+        )
+        raise DumpError(
+            f"{path}: cannot be loaded ({type(exc).__name__}: {text[:200]}){hint}"
+        ) from None
+    if not isinstance(data, list) or not all(isinstance(g, dict) for g in data):
+        raise DumpError(f"{path}: not a list of dicts (a trajectory dump holds one dict per group)")
+    return data
+
+
+def load_global_batch(
+    directory: Path,
+    step: int,
+    *,
+    config_hash: str | None = None,
+    unsafe: bool = False,
+    checksum: bool = True,
+) -> Batch:
+    """All groups of a step in a fixed order: data-parallel rank 0's groups first, then 1, ..."""
+    files = [(dp, p) for s, dp, p in list_step_files(directory) if s == step]
+    if not files:
+        available = sorted(complete_steps(directory))
+        raise DumpError(
+            f"{directory}: no dump of step {step} (available steps: "
+            f"{format_ranks(available) or 'none'})"
+        )
+    expected = None
+    groups: Batch = []
+    for _dp, path in sorted(files, key=lambda item: -1 if item[0] is None else item[0]):
+        manifest_file = manifest_path(path)
+        if manifest_file.exists():
+            manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
+            expected = manifest.get("dp_size", expected)
+            if (
+                config_hash
+                and manifest.get("config_hash")
+                and manifest["config_hash"] != config_hash
+            ):
+                raise DumpError(
+                    f"{path}: recorded with another config (hash "
+                    f"{manifest['config_hash']}, this run {config_hash}); replay with "
+                    "the run's own config or pass --allow-config-change"
+                )
+        groups += load_step_file(path, unsafe=unsafe, checksum=checksum)
+    sharded = any(dp is not None for dp, _ in files)
+    if expected and sharded and len(files) != expected:
+        raise DumpError(
+            f"{directory}: step {step} has {len(files)} of {expected} data-parallel "
+            "files; the missing ones were never written or were deleted"
+        )
+    return groups
+
+
+def split_for_rank(groups: Batch, dp_rank: int, dp_size: int) -> Batch:
+    """Rank ``dp_rank``'s share of a step's groups: contiguous chunks, the first
+    ``len(groups) % dp_size`` ranks one group larger (deterministic re-sharding)."""
+    base, extra = divmod(len(groups), dp_size)
+    start = dp_rank * base + min(dp_rank, extra)
+    return groups[start : start + base + (1 if dp_rank < extra else 0)]
+
+
+class Replay:
+    """The steps to replay for this rank, from the environment ``areal-launch replay`` sets."""
+
+    def __init__(
+        self,
+        directory: Path,
+        steps: list[int],
+        dp_rank: int,
+        dp_size: int,
+        unsafe: bool = False,
+        config_hash: str | None = None,
+        checksum: bool = True,
+    ) -> None:
+        self.directory, self.steps = directory, steps
+        self.dp_rank, self.dp_size = dp_rank, dp_size
+        self.unsafe, self.config_hash, self.checksum = unsafe, config_hash, checksum
+
+    @classmethod
+    def from_env(cls, dp_rank: int, dp_size: int) -> Replay | None:
+        directory = os.environ.get(ENV_REPLAY_DIR)
+        if not directory:
+            return None
+        return cls(
+            Path(directory),
+            _int_list(os.environ.get(ENV_REPLAY_STEPS, "")),
+            dp_rank,
+            dp_size,
+            unsafe=os.environ.get(ENV_REPLAY_UNSAFE) == "1",
+            config_hash=os.environ.get(ENV_CONFIG_HASH) or None,
+            checksum=os.environ.get(ENV_REPLAY_VERIFIED) != "1",
+        )
+
+    def batches(self) -> Iterator[tuple[int, Batch]]:
+        """(step, this rank's groups) for every replayed step, in order; each is a heartbeat."""
+        for step in self.steps:
+            groups = load_global_batch(
+                self.directory,
+                step,
+                config_hash=self.config_hash,
+                unsafe=self.unsafe,
+                checksum=self.checksum,
+            )
+            heartbeat(step)
+            yield step, split_for_rank(groups, self.dp_rank, self.dp_size)
