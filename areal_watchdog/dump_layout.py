@@ -52,11 +52,24 @@ def list_step_files(directory: Path) -> list[tuple[int, int | None, Path]]:
 
 
 def complete_steps(directory: Path) -> dict[int, list[Path]]:
-    """Steps whose every file has its manifest (the manifest is written last)."""
+    """Steps whose files all have their manifest (written last) and whose data-parallel files
+    are all there; files without any manifest (AReaL's own dumps) count as complete."""
     steps: dict[int, list[Path]] = {}
     for step, _dp, path in list_step_files(directory):
         steps.setdefault(step, []).append(path)
-    return {s: files for s, files in steps.items() if all(manifest_path(f).exists() for f in files)}
+    complete = {}
+    for step, files in steps.items():
+        manifests = [read_manifest(f) for f in files]
+        if all(m is None for m in manifests):
+            complete[step] = files  # written by AReaL itself
+            continue
+        if any(m is None for m in manifests):
+            continue
+        sharded = any(m.get("dp_rank") is not None for m in manifests)
+        expected = max(int(m.get("dp_size") or 1) for m in manifests) if sharded else 1
+        if len(files) >= expected:
+            complete[step] = files
+    return complete
 
 
 def config_hash(tree: dict[str, Any]) -> str:

@@ -8,16 +8,19 @@ loadable by plain ``torch.load``. Beside each file a manifest
 the file's SHA-256, the world and DP sizes and the config hash.
 
 Writes happen on a background thread (a bounded queue: a full queue makes ``record`` wait, never
-grows memory), atomically (temporary file, fsync, rename). A full disk or an unwritable directory
-disables dumping with one warning; training goes on.
+grows memory), atomically (temporary file, fsync, manifest, rename). A full disk or an
+unwritable directory disables dumping with one warning; training goes on.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
 import queue
+import shutil
 import sys
 import threading
 import time
@@ -224,13 +227,32 @@ class TrajectoryRecorder:
                 "tensors": describe_batch(job.batch),
                 "created": time.time(),
             }
-            os.replace(tmp, final)
+            # The manifest first: a data file under its final name always has one (a data file
+            # without a manifest can only be AReaL's own), and a crash in between leaves only
+            # an orphan manifest, which nothing lists.
             write_json_atomic(manifest_path(final), manifest, fsync=True)
+            os.replace(tmp, final)
             self.written.append(job.step)
             self._rotate()
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            self._disable(f"writing {final.name} failed: {exc.strerror or exc}")
+        except Exception as exc:  # noqa: BLE001 - torch reports a full disk as RuntimeError
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            self._disable(f"writing {final.name} failed: {self._explain(exc, job.batch)}")
+
+    def _explain(self, exc: Exception, batch: Batch) -> str:
+        """A readable cause: torch reports a full disk as an obscure stream-position error."""
+        needed = sum(t["bytes"] for t in describe_batch(batch) if "bytes" in t)
+        try:
+            free = shutil.disk_usage(self.directory).free
+        except OSError:
+            free = None
+        if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or (
+            free is not None and free < needed
+        ):
+            return f"No space left on device ({free} bytes free, the step needs {needed})"
+        if isinstance(exc, OSError) and exc.strerror:
+            return exc.strerror
+        return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 
     def _rotate(self) -> None:
         if self.max_keep is None:
