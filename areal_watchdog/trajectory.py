@@ -81,13 +81,15 @@ def describe_batch(batch: Batch) -> list[dict[str, Any]]:
 
 
 def _snapshot(batch: Batch) -> Batch:
-    """A structural copy (new list and dicts, tensors on the CPU) safe to hand to the writer."""
-    copied = []
-    for group in batch:
-        copied.append(
-            {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in group.items()}
-        )
-    return copied
+    """A structural copy (new list and dicts) safe to hand to the writer; CPU tensors are shared,
+    tensors on another device or needing grad are copied to plain CPU tensors."""
+    return [{k: _to_cpu(v) for k, v in group.items()} for group in batch]
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and (value.requires_grad or value.device.type != "cpu"):
+        return value.detach().cpu()
+    return value
 
 
 @dataclass
@@ -159,8 +161,8 @@ class TrajectoryRecorder:
 
     def record(self, step: int, batch: Batch, copy: bool = False) -> None:
         """Queue ``batch`` as step ``step`` (a heartbeat too); waits only when the queue is full."""
-        heartbeat(step)
         if self.disabled_reason or (self.dump_steps is not None and step not in self.dump_steps):
+            heartbeat(step)
             return
         snapshot = _snapshot(batch)
         if copy:
@@ -198,6 +200,7 @@ class TrajectoryRecorder:
             try:
                 if job is None:
                     return
+                heartbeat(job.step)  # off the training thread: it is a file write
                 if not self.disabled_reason:
                     self._write(job)
             finally:

@@ -13,15 +13,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_notify import run_notify_benchmarks  # noqa: E402
+from bench_trajectory import run_trajectory_benchmarks  # noqa: E402
 from bench_watchdog import run_watchdog_benchmarks  # noqa: E402
 
-TOPICS = {"watchdog": run_watchdog_benchmarks}
+TOPICS = {
+    "watchdog": run_watchdog_benchmarks,
+    "notify": run_notify_benchmarks,
+    "trajectory": run_trajectory_benchmarks,
+}
 
 
 def print_table(title: str, rows: list[tuple[str, str, str]]) -> None:
     """Print ``(measure, value, target)`` rows under a title."""
-    width = max(len(r[0]) for r in rows)
-    value_width = max(len(r[1]) for r in rows)
+    width = max(len("measure"), *(len(r[0]) for r in rows))
+    value_width = max(len("measured"), *(len(r[1]) for r in rows))
     print(f"\n## {title}\n")
     print(f"{'measure'.ljust(width)}  {'measured'.ljust(value_width)}  target")
     print(f"{'-' * width}  {'-' * value_width}  ------")
