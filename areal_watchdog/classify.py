@@ -151,7 +151,10 @@ def classify(evidence: Evidence) -> Verdict:
     verdict = _decide(evidence, activities)
     verdict.groups = groups
     nodes = {r.rank: r.node for r in evidence.ranks}
-    verdict.culprit_nodes = sorted({nodes[r] for r in verdict.culprit_ranks if nodes.get(r)})
+    culprit_nodes = {nodes[r] for r in verdict.culprit_ranks if nodes.get(r)}
+    if verdict.category == "node_lost":
+        culprit_nodes |= set(evidence.lost_nodes)
+    verdict.culprit_nodes = sorted(culprit_nodes)
     return verdict
 
 
@@ -276,6 +279,18 @@ def _group(ranks: list[RankEvidence], activities: dict[int, Activity]) -> list[S
 
 def _decide(evidence: Evidence, acts: dict[int, Activity]) -> Verdict:
     ranks = evidence.ranks
+    if evidence.lost_nodes:
+        lost = sorted(evidence.lost_nodes)
+        culprits = sorted(r.rank for r in ranks if r.node in lost)
+        who = f" ({ranks_phrase(culprits)})" if culprits else ""
+        return Verdict(
+            "node_lost",
+            0.9,
+            culprits,
+            f"Node{'s' if len(lost) > 1 else ''} {', '.join(lost)}{who} vanished: the watchdog "
+            f"sidecar and the ranks there stopped answering (node failure, OOM kill or "
+            f"preemption); the other ranks fail or wait because of it.",
+        )
     exited = [r for r in ranks if r.state == EXITED]
     if exited or evidence.job_failed:
         return _crash_verdict(evidence, acts)

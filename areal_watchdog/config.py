@@ -62,6 +62,8 @@ class WatchdogSection:
     dump_timeout: float = 5.0
     stack_method: str = "auto"
     crash_grace: float = 10.0
+    node_timeout: float = 10.0
+    evidence_timeout: float = 10.0
     debug_env: dict[str, str] = field(default_factory=dict)
     notify: list[dict[str, Any]] = field(default_factory=list)  # SinkSpec dicts: no secrets
     spool_retry_interval: float = 30.0
@@ -258,6 +260,8 @@ def _validate(source: str, raw: dict[str, Any]) -> JobConfig:
         dump_timeout=check.number(wd, "watchdog.dump_timeout", default=5.0, minimum=0.1),
         stack_method=check.choice(wd, "watchdog.stack_method", STACK_METHODS, default="auto"),
         crash_grace=check.number(wd, "watchdog.crash_grace", default=10.0, minimum=0.0),
+        node_timeout=check.number(wd, "watchdog.node_timeout", default=10.0, minimum=0.5),
+        evidence_timeout=check.number(wd, "watchdog.evidence_timeout", default=10.0, minimum=0.1),
         debug_env=debug_env,
         notify=[
             s.to_dict() for s in parse_sinks(check.mapping_list(wd, "watchdog.notify"), source)

@@ -87,29 +87,33 @@ class Evidence:
     ranks: list[RankEvidence]
     first_step_seen: bool = True
     job_failed: bool = False  # the job's processes ended with a non-zero code
-    unanswered_nodes: list[str] = field(default_factory=list)
+    unanswered_nodes: list[str] = field(default_factory=list)  # no evidence arrived in time
+    lost_nodes: list[str] = field(default_factory=list)  # sidecar and ranks vanished
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @staticmethod
+    def rank_from_dict(data: dict[str, Any]) -> RankEvidence:
+        """One RankEvidence from its ``asdict`` form (as sent between nodes)."""
+        item = dict(data)
+        item["threads"] = [
+            ThreadStack(t.get("name"), [Frame(**f) for f in t["frames"]])
+            for t in item.get("threads", [])
+        ]
+        if item.get("exit") is not None:
+            item["exit"] = ExitInfo(**item["exit"])
+        return RankEvidence(**item)
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Evidence:
-        ranks = []
-        for item in data["ranks"]:
-            item = dict(item)
-            item["threads"] = [
-                ThreadStack(t.get("name"), [Frame(**f) for f in t["frames"]])
-                for t in item.get("threads", [])
-            ]
-            if item.get("exit") is not None:
-                item["exit"] = ExitInfo(**item["exit"])
-            ranks.append(RankEvidence(**item))
         return cls(
             world_size=data["world_size"],
-            ranks=ranks,
+            ranks=[cls.rank_from_dict(r) for r in data["ranks"]],
             first_step_seen=data.get("first_step_seen", True),
             job_failed=data.get("job_failed", False),
             unanswered_nodes=list(data.get("unanswered_nodes", [])),
+            lost_nodes=list(data.get("lost_nodes", [])),
         )
 
 

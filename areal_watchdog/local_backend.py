@@ -122,6 +122,22 @@ def _with_resolved_entrypoint(config: JobConfig) -> dict:
     return raw
 
 
+def stale_state(layout: RunLayout) -> list[Path]:
+    """What an earlier launch of the same run directory leaves that must not confuse this one."""
+    watch = layout.watch_dir
+    return [
+        layout.ranks_dir,
+        layout.heartbeats_dir,
+        layout.status_dir,
+        layout.job_exit_dir,
+        layout.finished_file,
+        layout.cancel_file,
+        watch / "requests",
+        watch / "evidence",
+        watch / "claims",
+    ]
+
+
 def build_local_plan(config: JobConfig, watchdog: bool, run_id: str | None = None) -> LaunchPlan:
     """Plan a single-node launch; raises ConfigError before anything starts."""
     run_id = run_id or uuid.uuid4().hex[:12]
@@ -179,13 +195,7 @@ def build_local_plan(config: JobConfig, watchdog: bool, run_id: str | None = Non
                 ],
             )
         )
-    reset = [
-        layout.ranks_dir,
-        layout.heartbeats_dir,
-        layout.status_dir,
-        layout.job_exit_file,
-        layout.cancel_file,
-    ]
+    reset = stale_state(layout)
     return LaunchPlan(
         backend="local",
         run_id=run_id,
@@ -270,8 +280,9 @@ def execute_local_plan(plan: LaunchPlan, out: TextIO = sys.stdout) -> int:
             _stop_job(job, plan.run_id)
         pump.join(timeout=5)
         agent_log.close()
+        layout.job_exit_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(
-            layout.job_exit_file,
+            layout.job_exit(node),
             {"run_id": plan.run_id, "returncode": job.returncode, "time": time.time()},
         )
         if sidecar is not None:

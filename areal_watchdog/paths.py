@@ -67,9 +67,17 @@ class RunLayout:
         return self.watch_dir / "status"
 
     @property
-    def job_exit_file(self) -> Path:
-        """Written by the launcher when the job's processes ended: their exit code."""
-        return self.watch_dir / "job_exit.json"
+    def job_exit_dir(self) -> Path:
+        """One file per node, written when the node's torchrun ended: its exit code."""
+        return self.watch_dir / "job_exit"
+
+    def job_exit(self, node: str) -> Path:
+        return self.job_exit_dir / f"{node}.json"
+
+    @property
+    def finished_file(self) -> Path:
+        """Written by the leading sidecar once the job ended and its last report is out."""
+        return self.watch_dir / "finished.json"
 
     @property
     def spool_dir(self) -> Path:

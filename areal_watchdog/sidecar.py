@@ -1,51 +1,46 @@
 """The watchdog sidecar: one per node, a separate process beside the job's ranks.
 
-``python -m areal_watchdog.sidecar --run-dir RUN_DIR --node NODE``
+``python -m areal_watchdog.sidecar --run-dir RUN_DIR (--node NODE | --node-from-slurm)``
 
-Every poll it reads progress (step lines, heartbeats, pauses) and the ranks' liveness; when the
-job stalls, a rank dies while others live on, or the job fails, it gathers evidence, classifies
-it, writes one incident and hands the report to the notifiers. It exits when the job ends.
+Every sidecar follows progress (step lines, heartbeats, pauses), watches its node's ranks,
+publishes its node's status and answers evidence requests. The leader (see ``coordination``)
+also decides: when the job stalls, a rank dies while others live on, a node vanishes, or the job
+fails, it gathers evidence from every node, classifies it, writes one incident and hands the
+report to the notifiers. Signals (SIGTERM, SIGINT, submitit's SIGUSR2) mean "the job is ending",
+never a hang.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import signal
+import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-import psutil
+from typing import Any
 
 from areal_watchdog.atomic import read_json, write_json_atomic
 from areal_watchdog.classify import classify
-from areal_watchdog.discovery import RankProcess, discover
+from areal_watchdog.coordination import Coordinator
 from areal_watchdog.dump_layout import complete_steps
 from areal_watchdog.evidence import MISSING, Evidence, RankEvidence
-from areal_watchdog.gather import GatherSettings, gather_node
+from areal_watchdog.gather import GatherSettings
 from areal_watchdog.launch_info import LaunchInfo
+from areal_watchdog.node_watch import NodeWatch
 from areal_watchdog.notifier import Notifier
 from areal_watchdog.progress import StallClock, StepLogTail, default_log_patterns, read_heartbeats
 from areal_watchdog.rankset import format_ranks
 from areal_watchdog.redact import Redactor
 from areal_watchdog.report import IncidentContext, build_report, new_incident_id, write_incident
 from areal_watchdog.sinks import SinkSpec
+from areal_watchdog.slurm_node import slurm_nodes
 
-DISCOVERY_EVERY = 10  # polls between full environment scans once all local ranks are known
-STATUS_EVERY = 5.0  # seconds between node status file writes
 NOTIFY_FINISH_TIMEOUT = 30.0  # seconds to finish sending before the rest waits in the spool
-MIN_CPU_WINDOW = 0.2  # seconds of CPU accounting behind a utilisation figure
-
-
-@dataclass
-class _RankWatch:
-    proc: RankProcess
-    handle: psutil.Process
-    last_cpu: float
-    last_sample: float
-    utilization: float | None = None
+FOLLOWER_LINGER = 60.0  # seconds a finished follower keeps answering a leader that has not finished
 
 
 @dataclass
@@ -54,15 +49,14 @@ class Sidecar:
 
     info: LaunchInfo
     node: str
-    out: object = sys.stdout
-    clock: StallClock = field(init=False)
-    ranks: dict[int, _RankWatch] = field(default_factory=dict)
-    gone: dict[int, RankProcess] = field(default_factory=dict)
+    nodes: list[str]
+    job_id: str | None = None
+    out: Any = sys.stdout
     incidents: list[Path] = field(default_factory=list)
     stall_reported: bool = False
     crash_reported: bool = False
     stopping: bool = False
-    cancelling: bool = False
+    done: bool = False
 
     def __post_init__(self) -> None:
         wd = self.info.watchdog
@@ -83,15 +77,23 @@ class Sidecar:
             wd.spool_retry_interval,
         )
         self.redactor = self.notifier.redactor
-        self.polls = 0
-        self.last_status_write = 0.0
+        self.watch = NodeWatch(
+            self.layout, self.info.run_id, self.node, self.info.nproc_per_node, self.log
+        )
+        self.coordinator = Coordinator(
+            self.layout, self.info.run_id, self.node, self.nodes, wd.node_timeout
+        )
+        self.settings = GatherSettings(wd.stack_method, wd.dump_timeout)
+        self.answered: set[str] = set()
+        self.statuses: dict[str, dict[str, Any]] = {}
         self.last_said = ""
         self.first_gone_at: float | None = None
-        self.local_expected = self.info.nproc_per_node
+        self.exited_at: float | None = None
+        self.cancelling = False
 
     # ----------------------------------------------------------------- output
     def say(self, message: str) -> None:
-        """One status line, only when something changed."""
+        """One status line on the terminal, only when something changed."""
         if message == self.last_said:
             return
         self.last_said = message
@@ -99,59 +101,64 @@ class Sidecar:
         self.log(message)
 
     def log(self, message: str) -> None:
-        """A line in the sidecar's log file only."""
-        line = f"[areal-watchdog {self.node}] {message}"
+        """A line in this node's sidecar log file."""
         try:
             with open(
                 self.layout.logs_dir / f"sidecar_{self.node}.log", "a", encoding="utf-8"
             ) as fh:
-                fh.write(f"{time.strftime('%H:%M:%S')} {line}\n")
+                fh.write(f"{time.strftime('%H:%M:%S')} {self.redactor.scrub(message)}\n")
         except OSError:
             pass
 
     # ------------------------------------------------------------------- loop
     def run(self) -> int:
-        """Watch until the job ends; return 0."""
+        """Watch until the job ends (or a signal says it is ending); return 0."""
         wd = self.info.watchdog
+        threshold = "auto" if wd.stall_timeout is None else f"{wd.stall_timeout:g} s"
         self.say(
-            f"watching run {self.info.run_id}: {self.info.world_size} ranks, stall after "
-            f"{'auto' if wd.stall_timeout is None else f'{wd.stall_timeout:g} s'} "
+            f"watching run {self.info.run_id}: {self.info.world_size} ranks on "
+            f"{len(self.nodes)} node(s), stall after {threshold} "
             f"(startup {wd.startup_timeout:g} s)"
         )
-        while not self.stopping:
-            now = time.time()
-            exit_record = read_json(self.layout.job_exit_file)
-            if isinstance(exit_record, dict) and exit_record.get("run_id") == self.info.run_id:
-                self.finish(int(exit_record.get("returncode", 1)))
-                return 0
-            self.poll(now)
+        while not self.done and not self.stopping:
+            self.poll(time.time())
+            if self.done:
+                break
             wait = min(wd.poll_interval, max(0.01, self.clock.crossed_at() - time.time() + 0.01))
             time.sleep(wait)
-        self.say("job ending (signal received); watchdog stops")
+        if self.stopping and not self.done:
+            self.on_job_ending()
+        self.notifier.close(timeout=NOTIFY_FINISH_TIMEOUT)
         return 0
 
     def poll(self, now: float) -> None:
-        """One observation; may write an incident."""
-        self.polls += 1
+        """One observation; the leader may write an incident."""
         self.observe_progress(now)
-        self.refresh_ranks(now)
-        if self.cancelling:
-            return
-        if self.gone and self.ranks and not self.crash_reported:
-            self.first_gone_at = self.first_gone_at or now
-            if now - self.first_gone_at >= self.info.watchdog.crash_grace:
-                self.crash_reported = True
-                self.incident("rank_exited", now)
-        if self.clock.stalled(now) and not self.stall_reported and self.ranks:
-            self.stall_reported = True
-            self.say(
-                f"no progress for {self.clock.silent_for(now):.1f} s (threshold "
-                f"{self.clock.threshold:g} s): stall, gathering stacks from "
-                f"{len(self.ranks)} ranks"
-            )
-            self.incident("stall", now)
-        if now - self.last_status_write >= STATUS_EVERY:
-            self.write_status(now)
+        self.watch.refresh(now)
+        self.statuses = self.coordinator.refresh()
+        self.answer_request()
+        exited = self.exit_record(self.node) is not None
+        if exited:
+            self.exited_at = self.exited_at or time.monotonic()
+            self.watch.all_gone()
+        self.publish("exited" if exited else "watching")
+        if self.coordinator.is_leader():
+            self.lead(now)
+        elif exited and (self.finished() or time.monotonic() - self.exited_at > FOLLOWER_LINGER):
+            self.done = True
+
+    def publish(self, state: str) -> None:
+        self.coordinator.publish(
+            {
+                "state": state,
+                "last_step": self.clock.last_step,
+                "last_progress_at": self.clock.last_progress_at,
+                "leader": self.coordinator.leader(),
+                "job_id": self.job_id,
+                "last_incident": str(self.incidents[-1]) if self.incidents else None,
+                **self.watch.summary(),
+            }
+        )
 
     def observe_progress(self, now: float) -> None:
         steps = self.tail.poll()
@@ -174,67 +181,148 @@ class Sidecar:
             else:
                 self.say("steps progressing")
 
-    def refresh_ranks(self, now: float, force: bool = False) -> None:
-        """Find new rank processes (a full scan only now and then) and sample the known ones."""
-        if force or len(self.ranks) < self.local_expected or self.polls % DISCOVERY_EVERY == 1:
-            for rank, proc in discover(self.layout, self.info.run_id, self.node).items():
-                if rank in self.gone and self.gone[rank].pid == proc.pid:
-                    continue  # a zombie not yet reaped by torchrun
-                if rank in self.ranks and self.ranks[rank].proc.pid == proc.pid:
-                    self.ranks[rank].proc = proc  # the registration may have arrived since
-                else:
-                    try:
-                        handle = psutil.Process(proc.pid)
-                        cpu = sum(handle.cpu_times()[:2])
-                    except psutil.Error:
-                        continue
-                    self.ranks[rank] = _RankWatch(proc, handle, cpu, now)
-        for rank, watch in list(self.ranks.items()):
-            try:
-                if not watch.handle.is_running() or watch.handle.status() == psutil.STATUS_ZOMBIE:
-                    raise psutil.NoSuchProcess(watch.proc.pid)
-                cpu = sum(watch.handle.cpu_times()[:2])
-            except psutil.Error:
-                self.gone[rank] = watch.proc
-                del self.ranks[rank]
-                self.log(
-                    f"rank {rank} (pid {watch.proc.pid}) exited; {len(self.ranks)} ranks alive"
-                )
-                continue
-            elapsed = now - watch.last_sample
-            if elapsed >= MIN_CPU_WINDOW:  # shorter windows give noisy utilisation
-                watch.utilization = (cpu - watch.last_cpu) / elapsed
-                watch.last_cpu, watch.last_sample = cpu, now
+    def answer_request(self) -> None:
+        """Send this node's evidence for a request we have not answered yet."""
+        request = self.coordinator.current_request()
+        if request is None or request["id"] in self.answered:
+            return
+        self.answered.add(request["id"])
+        if request.get("by") == self.node:
+            return  # the leader gathers its own node directly
+        items = self.watch.evidence(self.settings)
+        self.coordinator.answer(request["id"], {"ranks": [asdict(r) for r in items]})
+        self.log(f"answered evidence request {request['id']} ({len(items)} ranks)")
+
+    # ----------------------------------------------------------------- leader
+    def lead(self, now: float) -> None:
+        exits = {n: r for n in self.nodes if (r := self.exit_record(n)) is not None}
+        lost = [n for n in self.coordinator.lost_nodes(finished=set(exits))]
+        if lost and not self.crash_reported:
+            self.crash_reported = True
+            self.say(f"node(s) {', '.join(lost)} stopped answering: gathering evidence")
+            self.incident("node_lost", now, lost=lost)
+        if len(exits) + len(lost) >= len(self.nodes):
+            self.finish(exits)
+            return
+        if self.cancelling:
+            return
+        alive = self.alive_ranks()
+        gone = self.gone_ranks()
+        if gone and alive and not self.crash_reported:
+            self.first_gone_at = self.first_gone_at or now
+            if now - self.first_gone_at >= self.info.watchdog.crash_grace:
+                self.crash_reported = True
+                self.incident("rank_exited", now)
+        if self.clock.stalled(now) and not self.stall_reported and alive:
+            self.stall_reported = True
+            self.say(
+                f"no progress for {self.clock.silent_for(now):.1f} s (threshold "
+                f"{self.clock.threshold:g} s): stall, gathering stacks from "
+                f"{len(alive)} ranks"
+            )
+            self.incident("stall", now)
+
+    def alive_ranks(self) -> set[int]:
+        ranks = set(self.watch.live)
+        for node, status in self.statuses.items():
+            if node != self.node:
+                ranks |= {int(r) for r in status.get("ranks_alive", {})}
+        return ranks
+
+    def gone_ranks(self) -> set[int]:
+        ranks = set(self.watch.gone)
+        for node, status in self.statuses.items():
+            if node != self.node:
+                ranks |= set(status.get("ranks_gone", []))
+        return ranks
+
+    def exit_record(self, node: str) -> dict[str, Any] | None:
+        record = read_json(self.layout.job_exit(node))
+        if isinstance(record, dict) and record.get("run_id") == self.info.run_id:
+            return record
+        return None
+
+    def finished(self) -> bool:
+        record = read_json(self.layout.finished_file)
+        return isinstance(record, dict) and record.get("run_id") == self.info.run_id
+
+    def finish(self, exits: dict[str, dict[str, Any]]) -> None:
+        """Every node's job ended (or its node was lost): report a failure once, then stop."""
+        failed = {n: r["returncode"] for n, r in exits.items() if r.get("returncode") != 0}
+        cancelled = isinstance(read_json(self.layout.cancel_file), dict)
+        if failed and not cancelled and not self.crash_reported:
+            self.crash_reported = True
+            self.incident("job_failed", time.time(), job_failed=True)
+        elif not failed:
+            self.say(
+                f"job completed (last step {self.clock.last_step}); "
+                f"{len(self.incidents)} incident(s)"
+            )
+        write_json_atomic(
+            self.layout.finished_file,
+            {
+                "run_id": self.info.run_id,
+                "time": time.time(),
+                "by": self.node,
+                "incidents": [str(p) for p in self.incidents],
+                "failed_nodes": sorted(failed),
+            },
+        )
+        self.publish("finished")
+        self.done = True
+
+    def on_job_ending(self) -> None:
+        """A signal arrived: if this leader sees a failed node, report it before leaving."""
+        self.say("job ending (signal received)")
+        if not self.coordinator.is_leader() or self.crash_reported or self.cancelling:
+            return
+        exits = {n: r for n in self.nodes if (r := self.exit_record(n)) is not None}
+        if any(r.get("returncode") != 0 for r in exits.values()):
+            self.finish(exits)
 
     # -------------------------------------------------------------- incidents
-    def gather(self) -> Evidence:
-        wd = self.info.watchdog
-        self.refresh_ranks(time.time(), force=True)
-        live = {r: w.proc for r, w in self.ranks.items()}
-        cpu = {w.proc.pid: w.utilization for w in self.ranks.values() if w.utilization is not None}
-        items = gather_node(
-            self.layout,
-            self.node,
-            live,
-            dict(self.gone),
-            cpu,
-            GatherSettings(wd.stack_method, wd.dump_timeout),
+    def gather(self, trigger: str, lost: list[str]) -> Evidence:
+        """Evidence from this node directly and from every other live node by request."""
+        peers = [n for n in self.nodes if n != self.node and n not in lost]
+        request_id = self.coordinator.request_evidence(trigger) if peers else ""
+        self.answered.add(request_id)
+        items = self.watch.evidence(self.settings)
+        answers = (
+            self.coordinator.collect(request_id, peers, self.info.watchdog.evidence_timeout)
+            if peers
+            else {}
         )
+        for answer in answers.values():
+            items += [Evidence.rank_from_dict(r) for r in answer.get("ranks", [])]
+        known_nodes = {
+            int(r): node
+            for node, status in self.statuses.items()
+            for r in [*status.get("ranks_alive", {}), *status.get("ranks_gone", [])]
+        }
         seen = {r.rank for r in items}
         items += [
-            RankEvidence(rank=r, state=MISSING)
+            RankEvidence(rank=r, node=known_nodes.get(r, ""), state=MISSING)
             for r in range(self.info.world_size)
             if r not in seen
         ]
+        unanswered = sorted(set(peers) - set(answers)) + lost
         return Evidence(
             world_size=self.info.world_size,
             ranks=sorted(items, key=lambda r: r.rank),
             first_step_seen=self.clock.first_step_at is not None,
+            unanswered_nodes=sorted(unanswered),
+            lost_nodes=sorted(lost),
         )
 
-    def incident(self, trigger: str, now: float, job_failed: bool = False) -> Path:
+    def incident(
+        self, trigger: str, now: float, job_failed: bool = False, lost: list[str] | None = None
+    ) -> Path | None:
+        key = f"{trigger}-step{self.clock.last_step}" if trigger == "stall" else trigger
+        if not self.coordinator.claim(key):
+            return None  # another leader already reports this event
         started = time.perf_counter()
-        evidence = self.gather()
+        lost = lost or self.coordinator.lost_nodes(finished=set())
+        evidence = self.gather(trigger, lost)
         evidence.job_failed = job_failed
         gathered = time.perf_counter()
         verdict = classify(evidence)
@@ -242,26 +330,26 @@ class Sidecar:
             "gather_s": round(gathered - started, 4),
             "classify_s": round(time.perf_counter() - gathered, 4),
         }
-        incident_id = new_incident_id(verdict.category, now)
+        action = self.info.watchdog.on_hang if trigger in ("stall", "rank_exited") else "report"
         ctx = IncidentContext(
             backend=self.info.backend,
             run_id=self.info.run_id,
             run_dir=self.info.run_dir,
             world_size=self.info.world_size,
-            nodes=self.info.nodes,
+            nodes=self.nodes,
             experiment_name=self.info.experiment_name,
             trial_name=self.info.trial_name,
-            job_id=self.info.job_id,
+            job_id=self.job_id,
             detected_at=now,
             last_progress_at=self.clock.last_progress_at if self.clock.first_step_at else None,
             threshold_s=self.clock.threshold,
             last_step=self.clock.last_step,
             trigger=trigger,
-            action=self.info.watchdog.on_hang if trigger != "job_failed" else "report",
+            action=action,
             timings=timings,
             trajectory=self.last_dump(),
         )
-        report = build_report(incident_id, verdict, evidence, ctx)
+        report = build_report(new_incident_id(verdict.category, now), verdict, evidence, ctx)
         path = write_incident(Path(self.info.run_dir), report, evidence, self.redactor)
         self.incidents.append(path)
         self.notifier.submit(report)
@@ -270,8 +358,8 @@ class Sidecar:
             f"report written: {path / 'report.md'} -- {verdict.category}, culprit ranks "
             f"{culprits}: {self.redactor.scrub(verdict.summary)}"
         )
-        if ctx.action == "cancel" and trigger != "job_failed":
-            self.cancel_job(incident_id)
+        if action == "cancel":
+            self.cancel_job(report["incident_id"])
         return path
 
     def last_dump(self) -> dict[str, object] | None:
@@ -289,50 +377,17 @@ class Sidecar:
         }
 
     def cancel_job(self, incident_id: str) -> None:
-        """``on_hang: cancel``: ask the launcher to end the job, with the incident as reason."""
+        """``on_hang: cancel``: record why, then end the job (the launcher, or scancel)."""
+        self.cancelling = True
         write_json_atomic(
             self.layout.cancel_file,
             {"run_id": self.info.run_id, "incident_id": incident_id, "time": time.time()},
         )
-        self.cancelling = True
-        self.say("on_hang=cancel: asking the launcher to terminate the job")
-
-    def finish(self, returncode: int) -> None:
-        """The job's processes ended: report a failure once, then stop quietly."""
-        self.refresh_ranks(time.time())
-        cancelled = isinstance(read_json(self.layout.cancel_file), dict)
-        for rank, watch in list(self.ranks.items()):  # anything left is gone by now
-            self.gone[rank] = watch.proc
-        self.ranks.clear()
-        if returncode != 0 and not cancelled and not self.crash_reported:
-            self.crash_reported = True
-            self.incident("job_failed", time.time(), job_failed=True)
-        elif returncode == 0:
-            self.say(
-                f"job completed (last step {self.clock.last_step}); "
-                f"{len(self.incidents)} incident(s)"
-            )
-        self.write_status(time.time(), state="finished")
-        self.notifier.close(timeout=NOTIFY_FINISH_TIMEOUT)
-
-    def write_status(self, now: float, state: str = "watching") -> None:
-        self.last_status_write = now
-        status = {
-            "run_id": self.info.run_id,
-            "node": self.node,
-            "time": now,
-            "state": state,
-            "last_step": self.clock.last_step,
-            "last_progress_at": self.clock.last_progress_at,
-            "ranks_alive": sorted(self.ranks),
-            "ranks_gone": sorted(self.gone),
-            "last_incident": str(self.incidents[-1]) if self.incidents else None,
-        }
-        try:
-            self.layout.status_dir.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(self.layout.node_status(self.node), status)
-        except OSError:
-            pass
+        if self.job_id:
+            self.say(f"on_hang=cancel: scancel {self.job_id}")
+            subprocess.run(["scancel", self.job_id], check=False, capture_output=True)
+        else:
+            self.say("on_hang=cancel: asking the launcher to terminate the job")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -340,14 +395,25 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m areal_watchdog.sidecar", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--run-dir", required=True, type=Path)
-    parser.add_argument("--node", required=True)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--node", help="this node's name (single-node launches)")
+    where.add_argument(
+        "--node-from-slurm",
+        action="store_true",
+        help="take the node and the job's nodes from the Slurm environment",
+    )
     args = parser.parse_args(argv)
     try:
         info = LaunchInfo.load(args.run_dir)
+        if args.node_from_slurm:
+            node, nodes = os.environ["SLURMD_NODENAME"], slurm_nodes()
+            job_id = os.environ.get("SLURM_JOB_ID")
+        else:
+            node, nodes, job_id = args.node, info.nodes or [args.node], info.job_id
     except Exception as exc:  # noqa: BLE001 - the sidecar must explain, not crash
         print(f"[areal-watchdog] cannot start: {exc}", file=sys.stderr)
         return 2
-    sidecar = Sidecar(info, args.node)
+    sidecar = Sidecar(info, node, nodes, job_id)
 
     def _stop(signum: int, _frame: object) -> None:
         sidecar.stopping = True

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# A real two-node Slurm cluster on this one machine, from Debian's slurm-wlm and munge packages:
+# one controller and two slurmd daemons ("node1", "node2") on loopback ports.
+#
+#   bash scripts/slurm-cluster.sh up       # install if needed (root), start, wait until idle
+#   bash scripts/slurm-cluster.sh status
+#   bash scripts/slurm-cluster.sh down     # stop the daemons it started, remove its state
+#
+# Clients find the cluster through SLURM_CONF: `up` prints the line to export. State lives in
+# $AREAL_SLURM_DIR (default /tmp/areal-slurm). Nothing listens beyond 127.0.0.1's ports
+# 16817 (controller) and 17001-17002 (the nodes).
+set -euo pipefail
+DIR="${AREAL_SLURM_DIR:-/tmp/areal-slurm}"
+CONF="$DIR/slurm.conf"
+CPUS="$(nproc)"
+MEM_MB="$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / 4 ))"
+
+log() { echo "[slurm-cluster] $*" >&2; }
+
+install_packages() {
+  if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null; then
+    return 0
+  fi
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    log "slurmctld/slurmd/munged are missing; install Debian's slurm-wlm and munge as root"
+    return 1
+  fi
+  log "installing slurm-wlm and munge"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq slurm-wlm munge >/dev/null
+}
+
+write_conf() {
+  mkdir -p "$DIR/state" "$DIR/spool" "$DIR/log"
+  cat > "$CONF" <<EOF
+ClusterName=areal
+SlurmctldHost=localhost
+SlurmctldAddr=127.0.0.1
+SlurmctldPort=16817
+SlurmUser=root
+AuthType=auth/munge
+StateSaveLocation=$DIR/state
+SlurmdSpoolDir=$DIR/spool/%n
+SlurmctldPidFile=$DIR/slurmctld.pid
+SlurmdPidFile=$DIR/slurmd-%n.pid
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdLogFile=$DIR/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+JobAcctGatherType=jobacct_gather/none
+ReturnToService=2
+MinJobAge=600
+KillWait=10
+InactiveLimit=0
+SlurmdTimeout=30
+MpiDefault=none
+NodeName=node1 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17001 CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
+NodeName=node2 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17002 CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
+PartitionName=debug Nodes=node1,node2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+EOF
+}
+
+start_munge() {
+  if pgrep -x munged >/dev/null; then
+    return 0
+  fi
+  if [ ! -f /etc/munge/munge.key ]; then
+    if command -v mungekey >/dev/null; then mungekey -c; else
+      dd if=/dev/urandom bs=1 count=1024 of=/etc/munge/munge.key 2>/dev/null; fi
+    chown munge:munge /etc/munge/munge.key 2>/dev/null || true
+    chmod 400 /etc/munge/munge.key
+  fi
+  mkdir -p /run/munge && chown munge:munge /run/munge 2>/dev/null || true
+  munged --force
+  echo started > "$DIR/munged.ours"
+}
+
+up() {
+  install_packages
+  mkdir -p "$DIR"
+  write_conf
+  start_munge
+  if ! pgrep -f "slurmctld -f $CONF" >/dev/null; then slurmctld -f "$CONF"; fi
+  for node in node1 node2; do
+    if ! pgrep -f "slurmd -f $CONF -N $node" >/dev/null; then slurmd -f "$CONF" -N "$node"; fi
+  done
+  export SLURM_CONF="$CONF"
+  for _ in $(seq 1 60); do
+    if [ "$(sinfo -h -o '%T' 2>/dev/null | sort -u | tr -d '\n')" = "idle" ]; then
+      log "cluster up: $(sinfo -h -o '%N %T' | tr '\n' ' ')"
+      echo "export SLURM_CONF=$CONF"
+      return 0
+    fi
+    sleep 1
+  done
+  log "nodes did not become idle within 60 s:"
+  sinfo >&2 || true
+  return 1
+}
+
+down() {
+  if [ -f "$CONF" ]; then
+    SLURM_CONF="$CONF" scancel --user="$(id -un)" >/dev/null 2>&1 || true
+  fi
+  for pidfile in "$DIR"/slurmd-node1.pid "$DIR"/slurmd-node2.pid "$DIR"/slurmctld.pid; do
+    if [ -f "$pidfile" ]; then
+      kill "$(cat "$pidfile")" 2>/dev/null || true
+    fi
+  done
+  for _ in $(seq 1 20); do
+    pgrep -f "slurm(ctld|d) -f $CONF" >/dev/null || break
+    sleep 0.5
+  done
+  pkill -9 -f "slurm(ctld|d) -f $CONF" 2>/dev/null || true
+  if [ -f "$DIR/munged.ours" ] && [ -f /run/munge/munged.pid ]; then
+    kill "$(cat /run/munge/munged.pid)" 2>/dev/null || true
+  fi
+  rm -rf "$DIR"
+  log "cluster down"
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  status) SLURM_CONF="$CONF" sinfo && SLURM_CONF="$CONF" squeue ;;
+  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+esac
