@@ -1,20 +1,26 @@
 """``areal-launch``: launch a job (with ``--watchdog``), and work with its run directory.
 
     areal-launch [--watchdog] local CONFIG [key=value ...] [--dry-run]
+    areal-launch [--watchdog] slurm CONFIG [key=value ...] [--dry-run] [--wait]
+    areal-launch status RUN_DIR_OR_JOB_ID
+    areal-launch cancel RUN_DIR_OR_JOB_ID
     areal-launch replay RUN_DIR [--step N | --from N --to M] [--nproc K] [--dry-run]
     areal-launch notify-test CONFIG [key=value ...]
 
 Exit codes: 0 completed, 1 the job failed, 2 bad usage or configuration, 3 a hang was detected
-and the job cancelled (``watchdog.on_hang: cancel``), 130 interrupted.
+and the job cancelled (``watchdog.on_hang: cancel``), 4 cancelled by someone (``slurm --wait``),
+5 Slurm time limit (``slurm --wait``), 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+from areal_watchdog.atomic import read_json
 from areal_watchdog.config import JobConfig, load_config
 from areal_watchdog.delivery import delivery_id, send
 from areal_watchdog.errors import UserError
@@ -32,8 +38,17 @@ from areal_watchdog.redact import Redactor
 from areal_watchdog.replay import ReplayRequest, plan_replay_config
 from areal_watchdog.sample_report import sample_report
 from areal_watchdog.sinks import SecretError, SinkSpec, resolve
+from areal_watchdog.slurm_backend import (
+    build_slurm_plan,
+    cancel_job,
+    job_state,
+    node_statuses,
+    resolve_job,
+    submit_slurm_plan,
+    wait_for_job,
+)
 
-COMMANDS = ("local", "replay", "notify-test")
+COMMANDS = ("local", "slurm", "status", "cancel", "replay", "notify-test")
 
 
 def _launch_parser(backend: str) -> argparse.ArgumentParser:
@@ -88,6 +103,89 @@ def cmd_local(argv: list[str], watchdog: bool) -> int:
         check_sinks(config)
     flush_spool(plan.run_dir)
     return execute_local_plan(plan)
+
+
+def cmd_slurm(argv: list[str], watchdog: bool) -> int:
+    parser = _launch_parser("slurm")
+    parser.add_argument(
+        "--wait", action="store_true", help="follow the job; the exit code says how it ended"
+    )
+    args = parser.parse_intermixed_args(argv)
+    config = load_config(args.config, args.overrides)
+    enabled = watchdog or args.watchdog or config.watchdog.enabled
+    slurm_plan = build_slurm_plan(config, enabled)
+    if args.dry_run:
+        print(slurm_plan.plan.render())
+        return 0
+    if enabled:
+        check_sinks(config)
+    flush_spool(slurm_plan.plan.run_dir)
+    job_id = submit_slurm_plan(slurm_plan)
+    print(
+        f"[areal-launch] submitted job {job_id}\n"
+        f"  run dir: {slurm_plan.plan.run_dir}\n"
+        f"  logs:    {slurm_plan.submitit_folder}/{job_id}_*_log.out, "
+        f"{RunLayout(Path(slurm_plan.plan.run_dir)).logs_dir}\n"
+        f"  follow:  areal-launch status {job_id}",
+        flush=True,
+    )
+    if not args.wait:
+        return 0
+    return wait_for_job(job_id, Path(slurm_plan.plan.run_dir))
+
+
+def cmd_status(argv: list[str], _watchdog: bool) -> int:
+    parser = argparse.ArgumentParser(
+        prog="areal-launch status", description="Slurm state and what each node's sidecar saw."
+    )
+    parser.add_argument("target", help="run directory or Slurm job id")
+    args = parser.parse_args(argv)
+    job_id, run_dir = resolve_job(args.target)
+    fields = job_state(job_id)
+    state = fields.get("JobState", "UNKNOWN (no longer known to the controller)")
+    print(
+        f"job {job_id}: {state}"
+        + (f" on {fields['NodeList']}" if fields.get("NodeList") else "")
+        + (f" ({fields['Reason']})" if fields.get("Reason") not in (None, "None") else "")
+    )
+    if run_dir is None:
+        return 0
+    print(f"run dir: {run_dir}")
+    flush_spool(str(run_dir))
+    now = time.time()
+    for status in node_statuses(run_dir):
+        alive = format_ranks(int(r) for r in status.get("ranks_alive", {})) or "-"
+        gone = format_ranks(status.get("ranks_gone", [])) or "-"
+        leader = " (leader)" if status.get("leader") == status.get("node") else ""
+        print(
+            f"  {status.get('node')}{leader}: {status.get('state')}, last step "
+            f"{status.get('last_step')}, ranks alive {alive}, exited {gone}, seen "
+            f"{now - float(status.get('time', now)):.0f} s ago, last incident "
+            f"{status.get('last_incident') or '-'}"
+        )
+    reports = sorted(RunLayout(run_dir).incidents_dir.glob("*/report.json"))
+    for path in reports[-3:]:
+        report = read_json(path) or {}
+        print(
+            f"  incident {report.get('incident_id')}: {report.get('category')}, culprit ranks "
+            f"{format_ranks(report.get('culprit_ranks', [])) or '-'}, nodes "
+            f"{', '.join(report.get('culprit_nodes', [])) or '-'}"
+        )
+    return 0
+
+
+def cmd_cancel(argv: list[str], _watchdog: bool) -> int:
+    parser = argparse.ArgumentParser(
+        prog="areal-launch cancel", description="Cancel a Slurm job; its run directory stays."
+    )
+    parser.add_argument("target", help="run directory or Slurm job id")
+    args = parser.parse_args(argv)
+    job_id, run_dir = resolve_job(args.target)
+    cancel_job(job_id)
+    print(
+        f"[areal-launch] cancelled job {job_id}" + (f"; run dir kept: {run_dir}" if run_dir else "")
+    )
+    return 0
 
 
 def cmd_replay(argv: list[str], _watchdog: bool) -> int:
@@ -184,6 +282,9 @@ def cmd_notify_test(argv: list[str], _watchdog: bool) -> int:
 
 HANDLERS: dict[str, Callable[[list[str], bool], int]] = {
     "local": cmd_local,
+    "slurm": cmd_slurm,
+    "status": cmd_status,
+    "cancel": cmd_cancel,
     "replay": cmd_replay,
     "notify-test": cmd_notify_test,
 }

@@ -87,14 +87,14 @@ class Coordinator:
                 self.seen[node] = _Seen(seq, now)
         return statuses
 
-    def alive(self, node: str) -> bool:
-        """This node, or a node whose status moved within ``node_timeout`` (a node never seen
-        counts as alive until ``node_timeout`` after this sidecar started)."""
+    def alive(self, node: str, within: float | None = None) -> bool:
+        """This node, or a node whose status moved within ``within`` seconds (default
+        ``node_timeout``; a node never seen counts from this sidecar's start)."""
         if node == self.node:
             return True
         seen = self.seen.get(node)
         reference = seen.changed_at if seen else self.started_at
-        return time.monotonic() - reference <= self.node_timeout
+        return time.monotonic() - reference <= (self.node_timeout if within is None else within)
 
     def lost_nodes(self, finished: set[str]) -> list[str]:
         """Nodes whose sidecar stopped publishing without finishing."""

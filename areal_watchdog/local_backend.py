@@ -61,9 +61,10 @@ def resolve_entrypoint(config: JobConfig) -> str:
 
 
 def job_environment(
-    config: JobConfig, layout: RunLayout, run_id: str, node: str, watchdog: bool
+    config: JobConfig, layout: RunLayout, run_id: str, node: str | None, watchdog: bool
 ) -> dict[str, str]:
-    """The variables every rank gets on top of the launcher's environment."""
+    """The variables every rank gets on top of the launcher's environment (``node``: None when
+    each node adds its own name, as on Slurm)."""
     env: dict[str, str] = {}
     wd = config.watchdog
     if watchdog:
@@ -72,10 +73,11 @@ def job_environment(
             {
                 ENV_RUN_ID: run_id,
                 ENV_WATCH_DIR: str(layout.watch_dir),
-                ENV_NODE: node,
                 trajectory.ENV_CONFIG_HASH: trajectory.config_hash(config.raw),
             }
         )
+        if node is not None:
+            env[ENV_NODE] = node
         if wd.trajectory_dump:
             env.update(
                 {

@@ -198,7 +198,7 @@ class Sidecar:
         exits = {n: r for n in self.nodes if (r := self.exit_record(n)) is not None}
         lost = [n for n in self.coordinator.lost_nodes(finished=set(exits))]
         if lost and not self.crash_reported:
-            self.crash_reported = True
+            self.crash_reported = self.stall_reported = True  # one report for a lost node
             self.say(f"node(s) {', '.join(lost)} stopped answering: gathering evidence")
             self.incident("node_lost", now, lost=lost)
         if len(exits) + len(lost) >= len(self.nodes):
@@ -272,12 +272,40 @@ class Sidecar:
         self.done = True
 
     def on_job_ending(self) -> None:
-        """A signal arrived: if this leader sees a failed node, report it before leaving."""
+        """A signal arrived (Slurm is ending the job). Every sidecar that gets it says so in its
+        status; peers that stay silent meanwhile are lost nodes. The first node still standing
+        reports them (or a failed node) before leaving: there is no time to wait for
+        ``node_timeout``, Slurm kills the step after its KillWait."""
         self.say("job ending (signal received)")
-        if not self.coordinator.is_leader() or self.crash_reported or self.cancelling:
+        self.publish("ending")  # first of all: peers must not take this node for lost
+        cancelled = isinstance(read_json(self.layout.cancel_file), dict)
+        if self.crash_reported or self.cancelling or cancelled or self.finished():
             return
         exits = {n: r for n in self.nodes if (r := self.exit_record(n)) is not None}
-        if any(r.get("returncode") != 0 for r in exits.values()):
+        peers = [n for n in self.nodes if n != self.node and n not in exits]
+        self.coordinator.refresh()
+        before = {
+            n: self.coordinator.seen[n].seq if n in self.coordinator.seen else None for n in peers
+        }
+        window = max(3.0, 3 * self.info.watchdog.poll_interval)
+        deadline = time.monotonic() + window
+        spoke: set[str] = set()
+        while peers and time.monotonic() < deadline and len(spoke) < len(peers):
+            time.sleep(min(0.25, self.info.watchdog.poll_interval))
+            self.statuses = self.coordinator.refresh()
+            spoke = {
+                n
+                for n in peers
+                if n in self.coordinator.seen and self.coordinator.seen[n].seq != before[n]
+            }
+        quiet = [n for n in peers if n not in spoke]
+        standing = [n for n in self.nodes if n not in quiet]
+        if standing[0] != self.node:
+            return
+        if quiet:
+            self.crash_reported = True
+            self.incident("node_lost", time.time(), lost=quiet)
+        elif any(r.get("returncode") != 0 for r in exits.values()):
             self.finish(exits)
 
     # -------------------------------------------------------------- incidents
@@ -330,7 +358,8 @@ class Sidecar:
             "gather_s": round(gathered - started, 4),
             "classify_s": round(time.perf_counter() - gathered, 4),
         }
-        action = self.info.watchdog.on_hang if trigger in ("stall", "rank_exited") else "report"
+        hang_like = trigger in ("stall", "rank_exited", "node_lost")
+        action = self.info.watchdog.on_hang if hang_like else "report"
         ctx = IncidentContext(
             backend=self.info.backend,
             run_id=self.info.run_id,

@@ -17,7 +17,7 @@ from pathlib import Path
 from areal_watchdog.atomic import read_json, write_json_atomic
 from areal_watchdog.paths import ENV_NODE, RunLayout
 
-SIDECAR_FINISH_WAIT = 30.0  # seconds to wait for the leader's final report after a failure
+SIDECAR_FINISH_WAIT = 30.0  # seconds to wait for the leading sidecar's final word
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def run_node(job: NodeJob) -> int:
         layout.job_exit(node),
         {"run_id": job.run_id, "node": node, "returncode": returncode, "time": time.time()},
     )
-    if job.watchdog and returncode != 0:
+    if job.watchdog:
         _wait_for_report(layout, job.run_id)
     if returncode != 0:
         raise RuntimeError(f"torchrun on {node} exited with code {returncode}")
@@ -124,7 +124,8 @@ def run_node(job: NodeJob) -> int:
 
 
 def _wait_for_report(layout: RunLayout, run_id: str) -> None:
-    """Give the leading sidecar time to gather and report before Slurm ends the step."""
+    """Give the leading sidecar time to conclude (and report a failure) before the step ends:
+    when this task returns, Slurm ends the job and with it the sidecars."""
     deadline = time.monotonic() + SIDECAR_FINISH_WAIT
     while time.monotonic() < deadline:
         record = read_json(layout.finished_file)

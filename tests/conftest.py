@@ -139,3 +139,10 @@ def launcher(tmp_path: Path) -> Iterator[Launcher]:
     yield runner
     leftovers = runner.cleanup()
     assert not leftovers, f"processes outlived the test: {leftovers}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Slurm tests are slow tests too (``-m "not slow"`` skips them)."""
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.slow)

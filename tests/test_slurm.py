@@ -1,0 +1,268 @@
+"""The Slurm backend on a real two-node cluster (two slurmd on this machine, two ranks per node).
+
+Every job is cancelled and every process checked gone at the end of each test, even on failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from areal_watchdog.cli import main
+from conftest import REPO, processes_under, read_reports
+from slurm_cluster import bring_up, job_processes, slurm_env, tear_down, wait_until
+
+CONFIG = """\
+experiment_name: slurm-test
+trial_name: TRIAL
+cluster: {n_nodes: 2, n_gpus_per_node: 0, fileroot: ROOT}
+launch:
+  entrypoint: ENTRY
+  nproc_per_node: 2
+  slurm: {time: 10}
+watchdog: {enabled: true, stall_timeout: 3, startup_timeout: 60, poll_interval: 0.5,
+           on_hang: cancel, node_timeout: 3, evidence_timeout: 5}
+demo: {steps: 6, step_time: 0.2, hang: none, hang_step: 3, hang_rank: 3, pause_step: -1,
+       pause_time: 0, heartbeat: false, log_env: false}
+"""
+
+
+def write_config(root: Path, trial: str) -> Path:
+    entry = REPO / "examples" / "hang_demo" / "train.py"
+    path = root / f"{trial}.yaml"
+    path.write_text(
+        CONFIG.replace("TRIAL", trial).replace("ROOT", str(root)).replace("ENTRY", str(entry))
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[None]:
+    started = bring_up()
+    previous = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = slurm_env()["SLURM_CONF"]  # for the in-process CLI calls
+    yield
+    if previous is None:
+        os.environ.pop("SLURM_CONF")
+    else:
+        os.environ["SLURM_CONF"] = previous
+    if started:
+        tear_down()
+
+
+class SlurmRuns:
+    """Submits through the CLI in a subprocess; cancels every job and kills every process after."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.job_ids: list[str] = []
+        self.popens: list[subprocess.Popen] = []
+
+    def launch(self, trial: str, *overrides: str, wait: bool = True) -> subprocess.Popen:
+        cmd = [
+            sys.executable,
+            "-m",
+            "areal_watchdog.cli",
+            "--watchdog",
+            "slurm",
+            str(write_config(self.root, trial)),
+            *overrides,
+        ]
+        if wait:
+            cmd.append("--wait")
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=slurm_env(),
+            cwd=REPO,
+            start_new_session=True,
+        )
+        self.popens.append(proc)
+        return proc
+
+    def job_id(self, trial: str, timeout: float = 30) -> str:
+        path = self.root / "slurm-test" / trial / "watchdog" / "slurm_job.json"
+        assert wait_until(path.exists, timeout), f"no job submitted for {trial}"
+        job_id = json.loads(path.read_text())["job_id"]
+        self.job_ids.append(job_id)
+        return job_id
+
+    def finish(self, proc: subprocess.Popen, timeout: float = 150) -> tuple[int, str]:
+        output, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, output
+
+    def cleanup(self) -> list[int]:
+        for job_id in self.job_ids:
+            subprocess.run(["scancel", job_id], env=slurm_env(), capture_output=True, check=False)
+        for proc in self.popens:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        leftovers = []
+        for job_id in self.job_ids:
+            wait_until(lambda j=job_id: not job_processes(j), 30)
+            leftovers += [p.pid for p in job_processes(job_id)]
+        leftovers += [p.pid for p in processes_under(self.root)]
+        for pid in leftovers:
+            subprocess.run(["kill", "-9", str(pid)], capture_output=True, check=False)
+        return leftovers
+
+
+@pytest.fixture
+def runs(cluster: None, tmp_path: Path) -> Iterator[SlurmRuns]:
+    runner = SlurmRuns(tmp_path)
+    yield runner
+    assert runner.cleanup() == [], "processes outlived the test"
+
+
+def test_dry_run_prints_the_sbatch_script_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path, "dry")
+    code = main(
+        [
+            "--watchdog",
+            "slurm",
+            str(config),
+            "--dry-run",
+            "+launch.slurm.partition=gpu",
+            "+launch.slurm.account=rl",
+            "+launch.slurm.exclusive=true",
+            "+launch.slurm.container_prefix=[apptainer, exec, img.sif]",
+            "+launch.slurm.srun_args=[--mpi=none]",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=rl",
+        "#SBATCH --exclusive",
+        "#SBATCH --time=10",
+        "#SBATCH --cpus-per-task=2",
+    ):
+        assert line in out
+    assert "srun --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1" in out
+    assert "for areal_node in $(scontrol show hostnames" in out
+    assert "apptainer exec img.sif " in out and "-m areal_watchdog.sidecar" in out
+    assert "--mpi=none" in out and "submitit.core._submit" in out
+    assert not (tmp_path / "slurm-test").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("launch.slurm.time=soon", "launch.slurm.time`: must be minutes or [D-]HH:MM[:SS]"),
+        ("+launch.slurm.partion=gpu", "launch.slurm.partion`: is not a known key"),
+        ("+launch.slurm.cpus_per_task=0", "launch.slurm.cpus_per_task`: must be at least 1"),
+        ("+launch.slurm.mem=lots", "launch.slurm.mem`: must look like 64G"),
+    ],
+)
+def test_bad_slurm_values_fail_before_submission(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str, words: str
+) -> None:
+    config = write_config(tmp_path, "bad")
+    assert main(["--watchdog", "slurm", str(config), override]) == 2
+    err = capsys.readouterr().err
+    assert words in err and str(config) in err and "Traceback" not in err
+    assert not (tmp_path / "slurm-test").exists()
+
+
+@pytest.mark.slurm
+def test_healthy_two_node_job_completes(runs: SlurmRuns) -> None:
+    proc = runs.launch("healthy")
+    runs.job_id("healthy")
+    code, output = runs.finish(proc)
+    assert code == 0, output
+    run_dir = runs.root / "slurm-test" / "healthy"
+    assert read_reports(run_dir) == []
+    finished = json.loads((run_dir / "watchdog" / "finished.json").read_text())
+    assert finished["failed_nodes"] == [] and finished["incidents"] == []
+
+
+@pytest.mark.slurm
+def test_hang_on_second_node_is_reported_once_and_job_cancelled(runs: SlurmRuns) -> None:
+    proc = runs.launch("hang", "demo.hang=collective_mismatch", "demo.hang_rank=3")
+    job_id = runs.job_id("hang")
+    code, output = runs.finish(proc)
+    assert code == 3, output
+    (report,) = read_reports(runs.root / "slurm-test" / "hang")
+    assert report["category"] == "collective_mismatch"
+    assert report["culprit_ranks"] == [3] and report["culprit_nodes"] == ["node2"]
+    assert report["job"]["job_id"] == job_id and report["job"]["nodes"] == ["node1", "node2"]
+    by_node = {r["node"] for r in report["ranks"] if r["evidence_method"] == "py-spy"}
+    assert by_node == {"node1", "node2"}  # stacks gathered on both nodes
+    assert report["action"] == "cancel"
+    crossed = datetime.fromisoformat(report["last_progress_at"]).timestamp() + 3
+    written = (Path(report["files"]["incident_dir"]) / "report.json").stat().st_mtime
+    print(f"stall threshold -> report on the two-node cluster: {written - crossed:.2f} s")
+    assert written - crossed < 5
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("victim", ["node2", "node1"], ids=["follower", "leader"])
+def test_a_vanished_node_is_named(runs: SlurmRuns, victim: str) -> None:
+    proc = runs.launch(f"lost{victim[-1]}", "demo.steps=400", "demo.step_time=0.1")
+    job_id = runs.job_id(f"lost{victim[-1]}")
+    run_dir = runs.root / "slurm-test" / f"lost{victim[-1]}"
+    statuses = run_dir / "watchdog" / "status"
+    assert wait_until(
+        lambda: (
+            len(list(statuses.glob("*.json"))) == 2
+            and all(json.loads(p.read_text()).get("last_step") for p in statuses.glob("*.json"))
+            and len(job_processes(job_id, victim)) >= 4
+        ),
+        60,
+    )
+    killed_at = time.time()
+    for process in job_processes(job_id, victim):  # ranks, torchrun, sidecar, submitit task
+        process.kill()
+    code, output = runs.finish(proc)
+    assert code == 3, output  # on_hang=cancel holds for a lost node too
+    (report,) = read_reports(run_dir)
+    assert report["category"] == "node_lost", report["summary"]
+    assert report["culprit_nodes"] == [victim]
+    expected = [0, 1] if victim == "node1" else [2, 3]
+    assert report["culprit_ranks"] == expected
+    assert victim in report["unanswered_nodes"]
+    written = (Path(report["files"]["incident_dir"]) / "report.json").stat().st_mtime
+    print(f"{victim} killed -> node_lost report: {written - killed_at:.2f} s")
+
+
+@pytest.mark.slurm
+def test_status_and_cancel(runs: SlurmRuns, capsys: pytest.CaptureFixture[str]) -> None:
+    proc = runs.launch("long", "demo.steps=400", "demo.step_time=0.2", wait=False)
+    code, output = runs.finish(proc, timeout=60)
+    assert code == 0 and "submitted job" in output
+    job_id = runs.job_id("long")
+    run_dir = runs.root / "slurm-test" / "long"
+    assert wait_until(lambda: len(list((run_dir / "watchdog" / "status").glob("*.json"))) == 2, 60)
+    assert wait_until(
+        lambda: all(
+            json.loads(p.read_text()).get("last_step")
+            for p in (run_dir / "watchdog" / "status").glob("*.json")
+        ),
+        60,
+    )
+    assert main(["status", job_id]) == 0
+    out = capsys.readouterr().out
+    assert f"job {job_id}: RUNNING" in out and "node1 (leader): watching" in out
+    assert "node2: watching" in out and "ranks alive 2-3" in out
+    assert main(["cancel", str(run_dir)]) == 0
+    assert f"cancelled job {job_id}" in capsys.readouterr().out
+    assert wait_until(lambda: not job_processes(job_id), 60)
+    assert (run_dir / "watchdog" / "launch.json").exists()  # the run directory stays
+    assert main(["status", str(run_dir)]) == 0
+    assert "CANCELLED" in capsys.readouterr().out
