@@ -19,7 +19,6 @@ to stacks only.
 from __future__ import annotations
 
 import contextlib
-import errno
 import io
 import json
 import os
@@ -125,10 +124,8 @@ def _write_fifo(path: Path, message: str) -> bool:
     try:
         if not stat.S_ISFIFO(os.stat(path).st_mode):
             return False
-        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-    except OSError as exc:
-        if exc.errno not in (errno.ENXIO, errno.ENOENT):
-            return False
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: nobody listens
+    except OSError:
         return False
     try:
         os.write(fd, f"{message}\n".encode())

@@ -43,9 +43,9 @@ def gpu_state(sample: GpuSample, idle_utilization: float, spin_power_fraction: f
     wait), or ``working``."""
     if sample.utilization < idle_utilization:
         return "idle"
-    if sample.power_w is not None and sample.power_limit_w:
-        if sample.power_w < spin_power_fraction * sample.power_limit_w:
-            return "spinning"
+    limit = sample.power_limit_w
+    if sample.power_w is not None and limit and sample.power_w < spin_power_fraction * limit:
+        return "spinning"
     return "working"
 
 
