@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
+from areal_watchdog.collectives import analyse
 from areal_watchdog.evidence import (
     BLOCKED,
     EXITED,
@@ -142,6 +144,7 @@ class Verdict:
     summary: str
     groups: list[StackGroup] = field(default_factory=list)
     culprit_nodes: list[str] = field(default_factory=list)
+    collectives: dict[str, Any] | None = None  # the Flight Recorder analysis, when available
 
 
 def classify(evidence: Evidence) -> Verdict:
@@ -150,12 +153,67 @@ def classify(evidence: Evidence) -> Verdict:
     groups = _group(evidence.ranks, activities)
     verdict = _decide(evidence, activities)
     verdict.groups = groups
+    _weigh_collectives(verdict, evidence)
     nodes = {r.rank: r.node for r in evidence.ranks}
     culprit_nodes = {nodes[r] for r in verdict.culprit_ranks if nodes.get(r)}
     if verdict.category == "node_lost":
         culprit_nodes |= set(evidence.lost_nodes)
     verdict.culprit_nodes = sorted(culprit_nodes)
     return verdict
+
+
+HANG_CATEGORIES = (
+    "collective_mismatch",
+    "collective_stuck",
+    "cleanup_deadlock",
+    "straggler",
+    "dataloader_stall",
+    "p2p_mismatch",
+    "unknown",
+)
+
+
+def _weigh_collectives(verdict: Verdict, evidence: Evidence) -> None:
+    """Put the Flight Recorder record beside the stacks: it decides which rank diverged when the
+    operations at one sequence id disagree, and the report says whether both agree."""
+    dumps = {int(r): t for r, t in evidence.flight_records.items() if t.get("entries")}
+    if not dumps:
+        return
+    record = analyse(dumps, evidence.world_size)
+    named = record.culprit_ranks
+    before = (verdict.category, list(verdict.culprit_ranks))
+    if (
+        record.has_mismatch
+        and named
+        and verdict.category in HANG_CATEGORIES
+        and set(named) != set(verdict.culprit_ranks)
+    ):
+        finding = next(g for g in record.groups if g.kind == "mismatch")
+        stacks_said = (
+            f"the stacks alone suggested {before[0]} naming "
+            f"{ranks_phrase(before[1]) if before[1] else 'no rank'}"
+        )
+        verdict.category, verdict.culprit_ranks, verdict.confidence = (
+            "collective_mismatch",
+            named,
+            0.9,
+        )
+        verdict.summary = (
+            f"The collective record shows that {finding.description}: "
+            f"{ranks_phrase(named)} diverged ({stacks_said})."
+        )
+    if not named or not before[1]:
+        agreement = (
+            "the collective record names no rank" if not named else "the stacks named no rank"
+        )
+    elif set(named) == set(before[1]):
+        agreement = "the stacks and the collective record name the same ranks"
+    else:
+        agreement = (
+            f"the stacks named {ranks_phrase(before[1])}, the collective record "
+            f"{ranks_phrase(named)}"
+        )
+    verdict.collectives = {**record.to_dict(), "agreement": agreement}
 
 
 def describe(rank: RankEvidence) -> Activity:

@@ -61,12 +61,20 @@ class CollectiveEvidence:
 
     @property
     def culprit_ranks(self) -> list[int]:
-        decisive = [g for g in self.groups if g.kind in ("mismatch", "missing")]
-        return sorted({r for g in decisive for r in g.culprit_ranks})
+        """Ranks whose operations diverged; failing that, ranks missing from a collective."""
+        for kind in ("mismatch", "missing"):
+            found = {r for g in self.groups if g.kind == kind for r in g.culprit_ranks}
+            if found:
+                return sorted(found)
+        return []
+
+    @property
+    def has_mismatch(self) -> bool:
+        return any(g.kind == "mismatch" for g in self.groups)
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "groups": [g.__dict__ for g in self.groups],
+            "groups": [dict(g.__dict__) for g in self.groups],
             "ranks_without_trace": self.ranks_without_trace,
             "culprit_ranks": self.culprit_ranks,
         }
@@ -121,6 +129,23 @@ def _analyse_group(
 ) -> GroupFinding:
     members = sorted(ops)
     table = _table(ops)
+    first = _first_divergence(ops)
+    if first is not None:  # the root cause may lie in a collective that "completed"
+        seq, present = first
+        variants = Counter(op.key for op in present.values())
+        culprits = _diverging(present, variants, ops, seq)
+        others = sorted(set(present) - set(culprits))
+        return GroupFinding(
+            group,
+            members,
+            seq,
+            culprits,
+            "mismatch",
+            f"at collective #{seq} of group {group}, {ranks_phrase(culprits)} issued "
+            f"{_describe(present, culprits)} while {ranks_phrase(others)} issued "
+            f"{_describe(present, others)}",
+            table,
+        )
     target = min(completed.values()) + 1
     issued = {r: ops[r].get(target) for r in members}
     if all(op is None for op in issued.values()):
@@ -135,24 +160,8 @@ def _analyse_group(
         )
     missing = sorted(r for r, op in issued.items() if op is None)
     present = {r: op for r, op in issued.items() if op is not None}
-    variants = Counter(op.key for op in present.values())
-    if len(variants) > 1:
-        culprits = _diverging(present, variants, ops, target)
-        names = ", ".join(sorted({present[r].name for r in culprits}))
-        others = sorted(set(present) - set(culprits))
-        other_name = present[others[0]].name if others else "?"
-        return GroupFinding(
-            group,
-            members,
-            target,
-            culprits,
-            "mismatch",
-            f"at collective #{target} of group {group}, {ranks_phrase(culprits)} issued "
-            f"{names} while {ranks_phrase(others)} issued {other_name}",
-            table,
-        )
+    name = next(iter(present.values())).name
     if missing:
-        name = next(iter(present.values())).name
         return GroupFinding(
             group,
             members,
@@ -163,7 +172,6 @@ def _analyse_group(
             f"{group} that {ranks_phrase(sorted(present))} wait in",
             table,
         )
-    name = next(iter(present.values())).name
     return GroupFinding(
         group,
         members,
@@ -172,6 +180,28 @@ def _analyse_group(
         "agree",
         f"every rank of group {group} is in collective #{target} ({name})",
         table,
+    )
+
+
+def _first_divergence(ops: dict[int, dict[int, Op]]) -> tuple[int, dict[int, Op]] | None:
+    """The first sequence id every rank recorded at which their operations differ."""
+    common = set.intersection(*(set(by_seq) for by_seq in ops.values()))
+    for seq in sorted(common):
+        present = {rank: by_seq[seq] for rank, by_seq in ops.items()}
+        if len({op.key for op in present.values()}) > 1:
+            return seq, present
+    return None
+
+
+def _describe(present: dict[int, Op], ranks: list[int]) -> str:
+    """``all_reduce of [[1]] Int`` for the operation(s) those ranks issued."""
+    kinds = sorted({(present[r].name, present[r].sizes, present[r].dtypes) for r in ranks})
+    return (
+        " / ".join(
+            f"{name} of {sizes} {dtypes.strip('[]').replace(chr(39), '')}"
+            for name, sizes, dtypes in kinds
+        )
+        or "nothing"
     )
 
 

@@ -62,6 +62,7 @@ class WatchdogSection:
     dump_timeout: float = 5.0
     stack_method: str = "auto"
     crash_grace: float = 10.0
+    flight_recorder: bool = True
     node_timeout: float = 10.0
     evidence_timeout: float = 10.0
     debug_env: dict[str, str] = field(default_factory=dict)
@@ -260,6 +261,7 @@ def _validate(source: str, raw: dict[str, Any]) -> JobConfig:
         dump_timeout=check.number(wd, "watchdog.dump_timeout", default=5.0, minimum=0.1),
         stack_method=check.choice(wd, "watchdog.stack_method", STACK_METHODS, default="auto"),
         crash_grace=check.number(wd, "watchdog.crash_grace", default=10.0, minimum=0.0),
+        flight_recorder=check.boolean(wd, "watchdog.flight_recorder", default=True),
         node_timeout=check.number(wd, "watchdog.node_timeout", default=10.0, minimum=0.5),
         evidence_timeout=check.number(wd, "watchdog.evidence_timeout", default=10.0, minimum=0.1),
         debug_env=debug_env,

@@ -89,6 +89,7 @@ class Evidence:
     job_failed: bool = False  # the job's processes ended with a non-zero code
     unanswered_nodes: list[str] = field(default_factory=list)  # no evidence arrived in time
     lost_nodes: list[str] = field(default_factory=list)  # sidecar and ranks vanished
+    flight_records: dict[str, dict[str, Any]] = field(default_factory=dict)  # rank -> trace
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -114,6 +115,7 @@ class Evidence:
             job_failed=data.get("job_failed", False),
             unanswered_nodes=list(data.get("unanswered_nodes", [])),
             lost_nodes=list(data.get("lost_nodes", [])),
+            flight_records=dict(data.get("flight_records", {})),
         )
 
 

@@ -33,6 +33,18 @@ from typing import Any
 from areal_watchdog.atomic import read_json, write_text_atomic
 from areal_watchdog.paths import RunLayout
 
+ENV_FLIGHT_RECORDER = "AREAL_WATCHDOG_FLIGHT_RECORDER"  # "1": ranks start the listener
+_KEPT = (
+    "collective_seq_id",
+    "profiling_name",
+    "input_sizes",
+    "input_dtypes",
+    "process_group",
+    "is_p2p",
+    "retired",
+    "state",
+)
+
 
 def trigger_path(layout: RunLayout, rank: int) -> Path:
     return layout.flight_recorder_dir / f"trigger_rank_{rank}"
@@ -114,7 +126,7 @@ def collect(layout: RunLayout, ranks: list[int], timeout: float) -> dict[int, di
                 else _listener_trace(layout, rank, request)
             )
             if trace is not None:
-                traces[rank] = trace
+                traces[rank] = strip(trace)
         time.sleep(0.005)
     return traces
 
@@ -140,7 +152,7 @@ def _listener_trace(layout: RunLayout, rank: int, request: str) -> dict[str, Any
     record = read_json(dump_path(layout, rank))
     if not isinstance(record, dict) or record.get("request") != request:
         return None
-    return record.get("trace") if isinstance(record.get("trace"), dict) else {}
+    return record.get("trace") if isinstance(record.get("trace"), dict) else {"entries": []}
 
 
 def _nccl_trace(layout: RunLayout, rank: int) -> dict[str, Any] | None:
@@ -157,3 +169,12 @@ class _PlainUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         raise pickle.UnpicklingError(f"refusing {module}.{name} in a Flight Recorder dump")
+
+
+def strip(trace: dict[str, Any]) -> dict[str, Any]:
+    """What the analysis needs (no stack frames): a few hundred bytes per collective."""
+    return {
+        "pg_status": trace.get("pg_status") or {},
+        "pg_config": trace.get("pg_config") or {},
+        "entries": [{k: e.get(k) for k in _KEPT} for e in trace.get("entries") or []],
+    }

@@ -29,6 +29,7 @@ from areal_watchdog.atomic import read_json, write_json_atomic
 from areal_watchdog.config import JobConfig
 from areal_watchdog.debug_env import render_debug_env
 from areal_watchdog.errors import ConfigError
+from areal_watchdog.flight_recorder import ENV_FLIGHT_RECORDER
 from areal_watchdog.launch_info import LaunchInfo
 from areal_watchdog.paths import ENV_NODE, ENV_RUN_ID, ENV_WATCH_DIR, RunLayout
 from areal_watchdog.plan import LaunchPlan, ProcessSpec
@@ -78,6 +79,8 @@ def job_environment(
         )
         if node is not None:
             env[ENV_NODE] = node
+        if wd.flight_recorder:
+            env[ENV_FLIGHT_RECORDER] = "1"
         if wd.trajectory_dump:
             env.update(
                 {

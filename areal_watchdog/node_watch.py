@@ -6,11 +6,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 
 from areal_watchdog.discovery import RankProcess, discover
 from areal_watchdog.evidence import RankEvidence
+from areal_watchdog.flight_recorder import collect
 from areal_watchdog.gather import GatherSettings, gather_node
 from areal_watchdog.paths import RunLayout
 
@@ -83,6 +85,11 @@ class NodeWatch:
         live = {r: w.proc for r, w in self.live.items()}
         cpu = {w.proc.pid: w.utilization for w in self.live.values() if w.utilization is not None}
         return gather_node(self.layout, self.node, live, dict(self.gone), cpu, settings)
+
+    def flight_records(self, timeout: float) -> dict[str, dict[str, Any]]:
+        """Each live rank's Flight Recorder trace (keyed by rank as a string, as in JSON)."""
+        traces = collect(self.layout, sorted(self.live), timeout)
+        return {str(rank): trace for rank, trace in traces.items()}
 
     def summary(self) -> dict[str, object]:
         """What the node status file says about the ranks."""

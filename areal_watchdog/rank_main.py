@@ -9,7 +9,8 @@ preparing what the watchdog needs from inside the rank:
   stray signal never kills anything) writing every thread's stack to a per-rank file; it needs
   no ptrace and answers while the main thread is blocked inside a collective;
 - ``prctl(PR_SET_PTRACER, ANY)`` so a sidecar that is not our ancestor may attach under Yama;
-- an exit record (returned, exit code, or exception with its traceback) for crash analysis.
+- an exit record (returned, exit code, or exception with its traceback) for crash analysis;
+- the Flight Recorder listener (``flight_recorder.start_listener``) when the launcher asked for it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import traceback
 from pathlib import Path
 
 from areal_watchdog.atomic import write_json_atomic
+from areal_watchdog.flight_recorder import ENV_FLIGHT_RECORDER, start_listener
 from areal_watchdog.paths import ENV_NODE, ENV_RUN_ID, ENV_WATCH_DIR, RunLayout
 
 COOPERATIVE_SIGNAL = signal.SIGURG
@@ -106,6 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     if layout is not None:
         _allow_any_tracer()
         _register(layout, rank)
+        if os.environ.get(ENV_FLIGHT_RECORDER) == "1":
+            start_listener(layout, rank)
     try:
         _run_entrypoint(entry, args)
     except SystemExit as exc:

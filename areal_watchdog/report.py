@@ -97,6 +97,7 @@ def build_report(
             for g in verdict.groups
         ],
         "unanswered_nodes": evidence.unanswered_nodes,
+        "collectives": verdict.collectives,
         "trajectory": ctx.trajectory,
         "timings": ctx.timings,
         "files": {
@@ -215,6 +216,18 @@ def render_markdown(report: dict[str, Any]) -> str:
         )
     if report.get("unanswered_nodes"):
         lines += ["", f"Nodes that did not answer: {', '.join(report['unanswered_nodes'])}"]
+    collectives = report.get("collectives")
+    if collectives:
+        lines += ["", "## Collectives (Flight Recorder)", ""]
+        for group in collectives["groups"]:
+            lines.append(f"- group {group['group']}: {'; '.join(group['table'])}")
+            if group["kind"] in ("mismatch", "missing"):
+                lines.append(f"  - {group['description']}")
+        if collectives.get("ranks_without_trace"):
+            lines.append(
+                f"- no trace from ranks {format_ranks(collectives['ranks_without_trace'])}"
+            )
+        lines.append(f"- {collectives['agreement']}")
     trajectory = report.get("trajectory")
     if trajectory:
         lines += [

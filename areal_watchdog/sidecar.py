@@ -40,6 +40,7 @@ from areal_watchdog.sinks import SinkSpec
 from areal_watchdog.slurm_node import slurm_nodes
 
 NOTIFY_FINISH_TIMEOUT = 30.0  # seconds to finish sending before the rest waits in the spool
+FLIGHT_RECORDER_TIMEOUT = 2.0  # seconds to wait for the ranks' Flight Recorder dumps
 FOLLOWER_LINGER = 60.0  # seconds a finished follower keeps answering a leader that has not finished
 
 
@@ -90,6 +91,7 @@ class Sidecar:
         self.first_gone_at: float | None = None
         self.exited_at: float | None = None
         self.cancelling = False
+        self.last_fr_seconds = 0.0
 
     # ----------------------------------------------------------------- output
     def say(self, message: str) -> None:
@@ -190,7 +192,14 @@ class Sidecar:
         if request.get("by") == self.node:
             return  # the leader gathers its own node directly
         items = self.watch.evidence(self.settings)
-        self.coordinator.answer(request["id"], {"ranks": [asdict(r) for r in items]})
+        traces = (
+            self.watch.flight_records(FLIGHT_RECORDER_TIMEOUT)
+            if self.info.watchdog.flight_recorder
+            else {}
+        )
+        self.coordinator.answer(
+            request["id"], {"ranks": [asdict(r) for r in items], "flight_records": traces}
+        )
         self.log(f"answered evidence request {request['id']} ({len(items)} ranks)")
 
     # ----------------------------------------------------------------- leader
@@ -315,6 +324,13 @@ class Sidecar:
         request_id = self.coordinator.request_evidence(trigger) if peers else ""
         self.answered.add(request_id)
         items = self.watch.evidence(self.settings)
+        stacks_done = time.perf_counter()
+        traces = (
+            self.watch.flight_records(FLIGHT_RECORDER_TIMEOUT)
+            if self.info.watchdog.flight_recorder
+            else {}
+        )
+        self.last_fr_seconds = time.perf_counter() - stacks_done
         answers = (
             self.coordinator.collect(request_id, peers, self.info.watchdog.evidence_timeout)
             if peers
@@ -322,6 +338,7 @@ class Sidecar:
         )
         for answer in answers.values():
             items += [Evidence.rank_from_dict(r) for r in answer.get("ranks", [])]
+            traces.update(answer.get("flight_records") or {})
         known_nodes = {
             int(r): node
             for node, status in self.statuses.items()
@@ -340,6 +357,7 @@ class Sidecar:
             first_step_seen=self.clock.first_step_at is not None,
             unanswered_nodes=sorted(unanswered),
             lost_nodes=sorted(lost),
+            flight_records=traces,
         )
 
     def incident(
