@@ -31,6 +31,7 @@ DEFAULT_STEP_REGEX = (
 OUR_SECTIONS = ("launch", "watchdog")
 ON_HANG_ACTIONS = ("report", "cancel")
 STACK_METHODS = ("auto", "py-spy", "faulthandler")
+GPU_BACKENDS = ("auto", "nvml", "nvidia-smi", "recorded", "none")
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,11 @@ class WatchdogSection:
     stack_method: str = "auto"
     crash_grace: float = 10.0
     flight_recorder: bool = True
+    gpu_backend: str = "auto"
+    gpu_recording: str | None = None
+    gpu_idle_utilization: float = 10.0
+    gpu_spin_power_fraction: float = 0.3
+    gpu_idle_timeout: float = 120.0
     node_timeout: float = 10.0
     evidence_timeout: float = 10.0
     debug_env: dict[str, str] = field(default_factory=dict)
@@ -240,6 +246,7 @@ def _validate(source: str, raw: dict[str, Any]) -> JobConfig:
         raise ConfigError(
             source, "watchdog.step_regex", "needs a group that captures the step number"
         )
+    gpu = check.section(wd, "watchdog.gpu")
     trajectory = check.section(wd, "watchdog.trajectory")
     dump_steps = trajectory.get("dump_steps")
     debug_env = dict(DEFAULT_DEBUG_ENV)
@@ -248,6 +255,12 @@ def _validate(source: str, raw: dict[str, Any]) -> JobConfig:
             debug_env.pop(str(name), None)
         else:
             debug_env[str(name)] = str(value)
+    if gpu.get("backend") == "recorded" and not gpu.get("recording"):
+        raise ConfigError(
+            source,
+            "watchdog.gpu.recording",
+            "is missing: the recorded backend replays a file of samples",
+        )
     watchdog = WatchdogSection(
         enabled=check.boolean(wd, "watchdog.enabled", default=False),
         stall_timeout=stall_timeout,
@@ -262,6 +275,15 @@ def _validate(source: str, raw: dict[str, Any]) -> JobConfig:
         stack_method=check.choice(wd, "watchdog.stack_method", STACK_METHODS, default="auto"),
         crash_grace=check.number(wd, "watchdog.crash_grace", default=10.0, minimum=0.0),
         flight_recorder=check.boolean(wd, "watchdog.flight_recorder", default=True),
+        gpu_backend=check.choice(gpu, "watchdog.gpu.backend", GPU_BACKENDS, default="auto"),
+        gpu_recording=check.optional_text(gpu, "watchdog.gpu.recording", default=None),
+        gpu_idle_utilization=check.number(
+            gpu, "watchdog.gpu.idle_utilization", default=10.0, minimum=0.0
+        ),
+        gpu_spin_power_fraction=check.number(
+            gpu, "watchdog.gpu.spin_power_fraction", default=0.3, minimum=0.0
+        ),
+        gpu_idle_timeout=check.number(gpu, "watchdog.gpu.idle_timeout", default=120.0, minimum=0.1),
         node_timeout=check.number(wd, "watchdog.node_timeout", default=10.0, minimum=0.5),
         evidence_timeout=check.number(wd, "watchdog.evidence_timeout", default=10.0, minimum=0.1),
         debug_env=debug_env,

@@ -65,6 +65,7 @@ class RankEvidence:
     exit: ExitInfo | None = None
     cpu_utilization: float | None = None  # cores busy over the last poll interval (1.0 = one core)
     process_status: str | None = None  # psutil's status at dump time ("stopped": SIGSTOPped)
+    gpu: dict[str, Any] | None = None  # the rank's GPU at detection: utilisation, power, state
     error: str | None = None  # why no stack could be taken
     log_tail: str = ""
 

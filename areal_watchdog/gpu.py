@@ -18,8 +18,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-BACKENDS = ("auto", "nvml", "nvidia-smi", "recorded", "none")
-
 
 @dataclass
 class GpuSample:
@@ -229,11 +227,15 @@ class IdleTracker:
     def quiet_for(self, now: float) -> float:
         return 0.0 if self.quiet_since is None else now - self.quiet_since
 
+    def per_index(self) -> dict[int, dict[str, Any]]:
+        """Each GPU by index (when processes cannot be matched: the local rank's GPU)."""
+        return {s.index: self._entry(s) for s in self.last}
+
+    def _entry(self, sample: GpuSample) -> dict[str, Any]:
+        entry = {**sample.to_dict(), "state": self.state(sample)}
+        entry.pop("pids")
+        return entry
+
     def per_pid(self) -> dict[int, dict[str, Any]]:
         """Each process's GPU(s) at the last sample, with the state, for the report."""
-        result: dict[int, dict[str, Any]] = {}
-        for sample in self.last:
-            for pid in sample.pids:
-                result[pid] = {**sample.to_dict(), "state": self.state(sample)}
-                result[pid].pop("pids")
-        return result
+        return {pid: self._entry(s) for s in self.last for pid in s.pids}

@@ -14,6 +14,7 @@ from areal_watchdog.discovery import RankProcess, discover
 from areal_watchdog.evidence import RankEvidence
 from areal_watchdog.flight_recorder import collect
 from areal_watchdog.gather import GatherSettings, gather_node
+from areal_watchdog.gpu import GpuBackend, IdleTracker, NoGpu
 from areal_watchdog.paths import RunLayout
 
 DISCOVERY_EVERY = 10  # polls between full environment scans once all local ranks are known
@@ -38,6 +39,8 @@ class NodeWatch:
     node: str
     expected: int  # ranks this node should have
     log: Callable[[str], None] = lambda _m: None
+    gpu_backend: GpuBackend = field(default_factory=NoGpu)
+    gpus: IdleTracker = field(default_factory=IdleTracker)
     live: dict[int, _RankWatch] = field(default_factory=dict)
     gone: dict[int, RankProcess] = field(default_factory=dict)
     polls: int = 0
@@ -80,11 +83,25 @@ class NodeWatch:
         self.live.clear()
 
     def evidence(self, settings: GatherSettings) -> list[RankEvidence]:
-        """A stack from every live rank, exit details for the others."""
+        """A stack from every live rank, exit details for the others, GPU state when known."""
         self.refresh(time.time(), force=True)
         live = {r: w.proc for r, w in self.live.items()}
         cpu = {w.proc.pid: w.utilization for w in self.live.values() if w.utilization is not None}
-        return gather_node(self.layout, self.node, live, dict(self.gone), cpu, settings)
+        items = gather_node(self.layout, self.node, live, dict(self.gone), cpu, settings)
+        by_pid = self.gpus.per_pid()
+        by_index = {g["index"]: g for g in by_pid.values()} or self.gpus.per_index()
+        for item in items:
+            item.gpu = by_pid.get(item.pid) or by_index.get(item.local_rank)
+        return items
+
+    def sample_gpus(self, now: float) -> None:
+        """Sample the node's GPUs (NVML, nvidia-smi, a recording, or nothing)."""
+        try:
+            samples = self.gpu_backend.sample()
+        except Exception as exc:  # noqa: BLE001 - a flaky driver must not stop the watchdog
+            self.log(f"GPU sampling failed: {exc}")
+            return
+        self.gpus.update(samples, {w.proc.pid for w in self.live.values()}, now)
 
     def flight_records(self, timeout: float) -> dict[str, dict[str, Any]]:
         """Each live rank's Flight Recorder trace (keyed by rank as a string, as in JSON)."""

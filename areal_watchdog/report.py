@@ -134,6 +134,8 @@ def _rank_entry(rank: RankEvidence) -> dict[str, Any]:
         entry["error"] = rank.error
     if rank.process_status:
         entry["process_status"] = rank.process_status
+    if rank.gpu:
+        entry["gpu"] = rank.gpu
     if rank.cpu_utilization is not None:
         entry["cpu_utilization"] = round(rank.cpu_utilization, 3)
     return entry

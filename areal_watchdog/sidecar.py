@@ -29,6 +29,7 @@ from areal_watchdog.coordination import Coordinator
 from areal_watchdog.dump_layout import complete_steps
 from areal_watchdog.evidence import MISSING, Evidence, RankEvidence
 from areal_watchdog.gather import GatherSettings
+from areal_watchdog.gpu import GpuBackend, IdleTracker, NoGpu, open_backend
 from areal_watchdog.launch_info import LaunchInfo
 from areal_watchdog.node_watch import NodeWatch
 from areal_watchdog.notifier import Notifier
@@ -79,7 +80,13 @@ class Sidecar:
         )
         self.redactor = self.notifier.redactor
         self.watch = NodeWatch(
-            self.layout, self.info.run_id, self.node, self.info.nproc_per_node, self.log
+            self.layout,
+            self.info.run_id,
+            self.node,
+            self.info.nproc_per_node,
+            self.log,
+            gpu_backend=self.open_gpus(),
+            gpus=IdleTracker(wd.gpu_idle_utilization, wd.gpu_spin_power_fraction),
         )
         self.coordinator = Coordinator(
             self.layout, self.info.run_id, self.node, self.nodes, wd.node_timeout
@@ -112,6 +119,21 @@ class Sidecar:
         except OSError:
             pass
 
+    def open_gpus(self) -> GpuBackend:
+        wd = self.info.watchdog
+        try:
+            backend = open_backend(wd.gpu_backend, wd.gpu_recording)
+        except Exception as exc:  # noqa: BLE001 - explain, then watch without GPUs
+            print(
+                f"[areal-watchdog {self.node}] GPU monitor {wd.gpu_backend} unavailable "
+                f"({exc}); watching without GPU evidence",
+                file=self.out,
+                flush=True,
+            )
+            return NoGpu()
+        self.log(f"GPU monitor: {backend.name}")
+        return backend
+
     # ------------------------------------------------------------------- loop
     def run(self) -> int:
         """Watch until the job ends (or a signal says it is ending); return 0."""
@@ -137,6 +159,7 @@ class Sidecar:
         """One observation; the leader may write an incident."""
         self.observe_progress(now)
         self.watch.refresh(now)
+        self.watch.sample_gpus(now)
         self.statuses = self.coordinator.refresh()
         self.answer_request()
         exited = self.exit_record(self.node) is not None
@@ -156,6 +179,8 @@ class Sidecar:
                 "last_step": self.clock.last_step,
                 "last_progress_at": self.clock.last_progress_at,
                 "leader": self.coordinator.leader(),
+                "gpus": len(self.watch.gpus.last),
+                "gpu_quiet_since": self.watch.gpus.quiet_since,
                 "job_id": self.job_id,
                 "last_incident": str(self.incidents[-1]) if self.incidents else None,
                 **self.watch.summary(),
@@ -222,6 +247,21 @@ class Sidecar:
             if now - self.first_gone_at >= self.info.watchdog.crash_grace:
                 self.crash_reported = True
                 self.incident("rank_exited", now)
+        quiet_for = self.gpus_quiet_for(now)
+        wd = self.info.watchdog
+        if (
+            self.clock.first_step_at is not None  # GPUs idle while models load is no hang
+            and quiet_for >= wd.gpu_idle_timeout
+            and self.clock.silent_for(now) >= wd.gpu_idle_timeout
+            and not self.stall_reported
+            and alive
+        ):
+            self.stall_reported = True
+            self.say(
+                f"every GPU idle or spinning for {quiet_for:.0f} s with no progress: "
+                f"gathering stacks from {len(alive)} ranks"
+            )
+            self.incident("gpu_idle", now)
         if self.clock.stalled(now) and not self.stall_reported and alive:
             self.stall_reported = True
             self.say(
@@ -230,6 +270,18 @@ class Sidecar:
                 f"{len(alive)} ranks"
             )
             self.incident("stall", now)
+
+    def gpus_quiet_for(self, now: float) -> float:
+        """How long every GPU of the job, on every node that has GPUs, has done no work."""
+        since = []
+        if self.watch.gpus.last:
+            since.append(self.watch.gpus.quiet_since)
+        for node, status in self.statuses.items():
+            if node != self.node and status.get("gpus"):
+                since.append(status.get("gpu_quiet_since"))
+        if not since or any(s is None for s in since):
+            return 0.0
+        return now - max(since)
 
     def alive_ranks(self) -> set[int]:
         ranks = set(self.watch.live)
@@ -363,7 +415,8 @@ class Sidecar:
     def incident(
         self, trigger: str, now: float, job_failed: bool = False, lost: list[str] | None = None
     ) -> Path | None:
-        key = f"{trigger}-step{self.clock.last_step}" if trigger == "stall" else trigger
+        silence = trigger in ("stall", "gpu_idle")  # one report per silence, whichever first
+        key = f"stall-step{self.clock.last_step}" if silence else trigger
         if not self.coordinator.claim(key):
             return None  # another leader already reports this event
         started = time.perf_counter()
@@ -374,9 +427,10 @@ class Sidecar:
         verdict = classify(evidence)
         timings = {
             "gather_s": round(gathered - started, 4),
+            "flight_recorder_s": round(self.last_fr_seconds, 4),
             "classify_s": round(time.perf_counter() - gathered, 4),
         }
-        hang_like = trigger in ("stall", "rank_exited", "node_lost")
+        hang_like = trigger in ("stall", "gpu_idle", "rank_exited", "node_lost")
         action = self.info.watchdog.on_hang if hang_like else "report"
         ctx = IncidentContext(
             backend=self.info.backend,
