@@ -69,6 +69,16 @@ def build_slack_message(report: dict[str, Any]) -> dict[str, Any]:
         },
         {"type": "divider"},
     ]
+    collectives = report.get("collectives")
+    if collectives:
+        rows = [f"group {g['group']}: {'; '.join(g['table'])}" for g in collectives["groups"]]
+        blocks.append(
+            _section(
+                "*Collective record* (Flight Recorder)\n"
+                + "\n".join(rows[:8])
+                + f"\n_{collectives['agreement']}_"
+            )
+        )
     tail: list[dict[str, Any]] = [
         {
             "type": "context",

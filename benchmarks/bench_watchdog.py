@@ -117,6 +117,7 @@ def detection(root: Path, world: int) -> dict[str, float]:
     return {
         "latency": path.stat().st_mtime - crossed,
         "gather": report["timings"]["gather_s"],
+        "flight_recorder": report["timings"]["flight_recorder_s"],
         "category_ok": float(report["culprit_ranks"] == [world - 1]),
     }
 
@@ -161,10 +162,18 @@ def run_watchdog_benchmarks(quick: bool = False) -> Iterator[tuple[str, Rows]]:
         root = Path(tmp)
         rows: Rows = []
         gather_rows: Rows = []
+        fr_rows: Rows = []
         for world in (2, 4, 8):
             result = detection(root, world)
             rows.append(
                 (f"detection latency, {world} ranks", f"{result['latency']:.2f} s", "<= 2 s")
+            )
+            fr_rows.append(
+                (
+                    f"Flight Recorder collection, {world} ranks",
+                    f"{result['flight_recorder'] * 1000:.0f} ms",
+                    "-",
+                )
             )
             gather_rows.append(
                 (
@@ -174,7 +183,8 @@ def run_watchdog_benchmarks(quick: bool = False) -> Iterator[tuple[str, Rows]]:
                 )
             )
         yield "Hang detection (report on disk minus threshold crossing; poll 1 s)", rows
-        yield "Evidence gathering (py-spy, in parallel)", gather_rows
+        yield "Evidence gathering (py-spy in parallel, then the Flight Recorder)", gather_rows
+        yield "Extra time the Flight Recorder adds to gathering", fr_rows
 
         repeat = 3 if quick else 5
         yield (

@@ -3,6 +3,7 @@ from recorded NVML samples. Each test asserts the ranks a user reads in report.j
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import threading
@@ -12,6 +13,7 @@ import pytest
 
 from areal_watchdog.flight_recorder import collect, nccl_dump, nccl_pipe
 from areal_watchdog.paths import RunLayout
+from areal_watchdog.slack import build_slack_message, check_limits
 from conftest import REPO, Launcher
 
 SCENARIOS = REPO / "examples" / "collective_hangs" / "config.yaml"
@@ -56,6 +58,8 @@ def test_flight_recorder_names_the_rank_that_diverged(
     assert report["timings"]["flight_recorder_s"] < 2
     md = (Path(report["files"]["incident_dir"]) / "report.md").read_text()
     assert "## Collectives (Flight Recorder)" in md
+    slack = build_slack_message(report)
+    assert check_limits(slack) == [] and "Collective record" in json.dumps(slack)
 
 
 @pytest.mark.slow
