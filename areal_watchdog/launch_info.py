@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_watchdog.atomic import read_json
-from areal_watchdog.config import WatchdogSection
+from areal_watchdog.config import JobConfig, WatchdogSection
 from areal_watchdog.errors import UserError
 from areal_watchdog.paths import RunLayout
 
@@ -28,6 +28,31 @@ class LaunchInfo:
     watchdog: WatchdogSection
     trajectory_dir: str | None = None
     job_id: str | None = None
+
+    @classmethod
+    def for_config(
+        cls,
+        config: JobConfig,
+        run_id: str,
+        backend: str,
+        run_dir: Path,
+        world_size: int,
+        nodes: list[str],
+    ) -> LaunchInfo:
+        """What a launch of ``config`` tells its sidecars."""
+        return cls(
+            run_id=run_id,
+            backend=backend,
+            run_dir=str(run_dir),
+            world_size=world_size,
+            nodes=nodes,
+            nproc_per_node=config.launch.nproc_per_node,
+            experiment_name=config.experiment_name,
+            trial_name=config.trial_name,
+            fileroot=config.fileroot,
+            watchdog=config.watchdog,
+            trajectory_dir=str(config.trajectory_dir) if config.watchdog.trajectory_dump else None,
+        )
 
     @property
     def layout(self) -> RunLayout:

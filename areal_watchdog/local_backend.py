@@ -95,6 +95,21 @@ def job_environment(
     return env
 
 
+def torchrun_output_args(layout: RunLayout, node: str) -> list[str]:
+    """Every rank's stdout and stderr to files under the run directory; rank 0's also to the
+    terminal."""
+    return [
+        "--log-dir",
+        str(layout.torchrun_logs_dir / node),
+        "--redirects",
+        "3",
+        "--tee",
+        "3",
+        "--local-ranks-filter",
+        "0",
+    ]
+
+
 def rank_command(config: JobConfig, layout: RunLayout, watchdog: bool) -> list[str]:
     """What torchrun starts on every rank: the entrypoint, wrapped when watched."""
     entry = resolve_entrypoint(config)
@@ -150,19 +165,7 @@ def build_local_plan(config: JobConfig, watchdog: bool, run_id: str | None = Non
     node = socket.gethostname()
     nproc = config.launch.nproc_per_node
     python = config.launch.python
-    info = LaunchInfo(
-        run_id=run_id,
-        backend="local",
-        run_dir=str(layout.run_dir),
-        world_size=nproc,
-        nodes=[node],
-        nproc_per_node=nproc,
-        experiment_name=config.experiment_name,
-        trial_name=config.trial_name,
-        fileroot=config.fileroot,
-        watchdog=config.watchdog,
-        trajectory_dir=str(config.trajectory_dir) if config.watchdog.trajectory_dump else None,
-    )
+    info = LaunchInfo.for_config(config, run_id, "local", layout.run_dir, nproc, [node])
     torchrun = [
         python,
         "-m",
@@ -172,14 +175,7 @@ def build_local_plan(config: JobConfig, watchdog: bool, run_id: str | None = Non
         "1",
         "--nproc-per-node",
         str(nproc),
-        "--log-dir",
-        str(layout.torchrun_logs_dir / node),
-        "--redirects",
-        "3",
-        "--tee",
-        "3",
-        "--local-ranks-filter",
-        "0",
+        *torchrun_output_args(layout, node),
         *rank_command(config, layout, watchdog),
     ]
     processes = [

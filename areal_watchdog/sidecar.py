@@ -357,8 +357,10 @@ class Sidecar:
             spoke = {
                 n
                 for n in peers
-                if n in self.coordinator.seen and self.coordinator.seen[n].seq != before[n]
+                if (n in self.coordinator.seen and self.coordinator.seen[n].seq != before[n])
+                or self.statuses.get(n, {}).get("state") in ("ending", "finished")
             }
+
         quiet = [n for n in peers if n not in spoke]
         standing = [n for n in self.nodes if n not in quiet]
         if standing[0] != self.node:

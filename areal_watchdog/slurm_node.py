@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from areal_watchdog.atomic import read_json, write_json_atomic
+from areal_watchdog.local_backend import torchrun_output_args
 from areal_watchdog.paths import ENV_NODE, RunLayout
 
 SIDECAR_FINISH_WAIT = 30.0  # seconds to wait for the leading sidecar's final word
@@ -80,14 +81,7 @@ def torchrun_command(
         master,
         "--master-port",
         str(port),
-        "--log-dir",
-        str(layout.torchrun_logs_dir / node),
-        "--redirects",
-        "3",
-        "--tee",
-        "3",
-        "--local-ranks-filter",
-        "0",
+        *torchrun_output_args(layout, node),
         *job.rank_command,
     ]
 

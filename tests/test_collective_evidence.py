@@ -7,6 +7,7 @@ import json
 import os
 import pickle
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,7 @@ def test_nccl_dump_pipe_is_used_when_no_listener_answers(tmp_path: Path) -> None
 
     thread = threading.Thread(target=fake_nccl)
     thread.start()
+    time.sleep(0.3)  # like NCCL's watchdog thread, the reader sits in open() before any request
     traces = collect(layout, [0], timeout=5)
     thread.join(5)
     assert traces[0]["entries"][0]["profiling_name"] == "nccl:all_reduce"

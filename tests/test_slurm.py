@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from areal_watchdog.cli import main
+from areal_watchdog.slurm_backend import job_state
 from conftest import REPO, processes_under, read_reports
 from slurm_cluster import bring_up, job_processes, slurm_env, tear_down, wait_until
 
@@ -264,5 +265,8 @@ def test_status_and_cancel(runs: SlurmRuns, capsys: pytest.CaptureFixture[str]) 
     assert f"cancelled job {job_id}" in capsys.readouterr().out
     assert wait_until(lambda: not job_processes(job_id), 60)
     assert (run_dir / "watchdog" / "launch.json").exists()  # the run directory stays
+    assert wait_until(lambda: job_state(job_id).get("JobState") == "CANCELLED", 60)
     assert main(["status", str(run_dir)]) == 0
-    assert "CANCELLED" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "CANCELLED" in out
+    assert "\n  incident " not in out  # a cancel is not a lost node
