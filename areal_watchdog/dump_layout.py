@@ -97,11 +97,13 @@ def read_manifest(data_file: Path) -> dict[str, Any] | None:
         return None
 
 
-def check_file(data_file: Path, checksum: bool = True) -> str | None:
+def check_file(
+    data_file: Path, checksum: bool = True, manifest: dict[str, Any] | None = None
+) -> str | None:
     """What is wrong with a dump file (missing, truncated, checksum), or None when it is intact."""
     if not data_file.exists():
         return f"{data_file}: missing"
-    manifest = read_manifest(data_file)
+    manifest = manifest or read_manifest(data_file)
     if manifest is None:
         return f"{manifest_path(data_file)}: missing or unreadable manifest (an incomplete write?)"
     size = data_file.stat().st_size

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import json
 import os
 import queue
 import shutil
@@ -289,15 +288,22 @@ def _int_list(text: str) -> list[int]:
     return [int(x) for x in text.replace(",", " ").split()]
 
 
-def load_step_file(path: Path, *, checksum: bool = True, unsafe: bool = False) -> Batch:
+def load_step_file(
+    path: Path,
+    *,
+    checksum: bool = True,
+    unsafe: bool = False,
+    manifest: dict[str, Any] | None = None,
+) -> Batch:
     """Load one dump file; with a manifest beside it, its size (and ``checksum``) must match.
 
     Files without a manifest (AReaL's own dumps) load as they are. DumpError names the file.
     """
     if not path.exists():
         raise DumpError(f"{path}: missing")
-    if read_manifest(path) is not None:
-        problem = check_file(path, checksum=checksum)
+    manifest = manifest or read_manifest(path)
+    if manifest is not None:
+        problem = check_file(path, checksum=checksum, manifest=manifest)
         if problem:
             raise DumpError(problem)
     try:
@@ -329,37 +335,32 @@ def load_global_batch(
     checksum: bool = True,
 ) -> Batch:
     """All groups of a step in a fixed order: data-parallel rank 0's groups first, then 1, ..."""
-    files = [(dp, p) for s, dp, p in list_step_files(directory) if s == step]
+    files = sorted(
+        ((dp, p) for s, dp, p in list_step_files(directory) if s == step),
+        key=lambda item: -1 if item[0] is None else item[0],
+    )
     if not files:
         available = sorted(complete_steps(directory))
         raise DumpError(
             f"{directory}: no dump of step {step} (available steps: "
             f"{format_ranks(available) or 'none'})"
         )
-    expected = None
-    groups: Batch = []
-    for _dp, path in sorted(files, key=lambda item: -1 if item[0] is None else item[0]):
-        manifest_file = manifest_path(path)
-        if manifest_file.exists():
-            manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
-            expected = manifest.get("dp_size", expected)
-            if (
-                config_hash
-                and manifest.get("config_hash")
-                and manifest["config_hash"] != config_hash
-            ):
-                raise DumpError(
-                    f"{path}: recorded with another config (hash "
-                    f"{manifest['config_hash']}, this run {config_hash}); replay with "
-                    "the run's own config or pass --allow-config-change"
-                )
-        groups += load_step_file(path, unsafe=unsafe, checksum=checksum)
-    sharded = any(dp is not None for dp, _ in files)
-    if expected and sharded and len(files) != expected:
+    manifests = {path: read_manifest(path) for _dp, path in files}
+    expected = max((int(m.get("dp_size") or 1) for m in manifests.values() if m), default=None)
+    if expected and any(dp is not None for dp, _ in files) and len(files) != expected:
         raise DumpError(
             f"{directory}: step {step} has {len(files)} of {expected} data-parallel "
             "files; the missing ones were never written or were deleted"
         )
+    groups: Batch = []
+    for _dp, path in files:
+        recorded = (manifests[path] or {}).get("config_hash")
+        if config_hash and recorded and recorded != config_hash:
+            raise DumpError(
+                f"{path}: recorded with another config (hash {recorded}, this run "
+                f"{config_hash}); replay with the run's own config or pass --allow-config-change"
+            )
+        groups += load_step_file(path, unsafe=unsafe, checksum=checksum, manifest=manifests[path])
     return groups
 
 

@@ -86,7 +86,11 @@ up() {
   mkdir -p "$DIR"
   write_conf
   start_munge
-  if ! pgrep -f "slurmctld -f $CONF" >/dev/null; then slurmctld -f "$CONF"; fi
+  if ! pgrep -f "slurmctld -f $CONF" >/dev/null; then
+    rm -rf "$DIR/state" "$DIR/spool"  # a fresh controller: no jobs from an earlier life
+    mkdir -p "$DIR/state" "$DIR/spool"
+    slurmctld -f "$CONF"
+  fi
   for node in node1 node2; do
     if ! pgrep -f "slurmd -f $CONF -N $node" >/dev/null; then slurmd -f "$CONF" -N "$node"; fi
   done
