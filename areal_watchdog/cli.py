@@ -134,13 +134,15 @@ def cmd_slurm(argv: list[str], watchdog: bool) -> int:
     return wait_for_job(job_id, Path(slurm_plan.plan.run_dir))
 
 
-def cmd_status(argv: list[str], _watchdog: bool) -> int:
-    parser = argparse.ArgumentParser(
-        prog="areal-launch status", description="Slurm state and what each node's sidecar saw."
-    )
+def _job_target(command: str, description: str, argv: list[str]) -> tuple[str, Path | None]:
+    """Parse ``RUN_DIR_OR_JOB_ID`` and resolve it to (job id, run directory)."""
+    parser = argparse.ArgumentParser(prog=f"areal-launch {command}", description=description)
     parser.add_argument("target", help="run directory or Slurm job id")
-    args = parser.parse_args(argv)
-    job_id, run_dir = resolve_job(args.target)
+    return resolve_job(parser.parse_args(argv).target)
+
+
+def cmd_status(argv: list[str], _watchdog: bool) -> int:
+    job_id, run_dir = _job_target("status", "Slurm state and what each node's sidecar saw.", argv)
     fields = job_state(job_id)
     state = fields.get("JobState", "UNKNOWN (no longer known to the controller)")
     print(
@@ -175,12 +177,7 @@ def cmd_status(argv: list[str], _watchdog: bool) -> int:
 
 
 def cmd_cancel(argv: list[str], _watchdog: bool) -> int:
-    parser = argparse.ArgumentParser(
-        prog="areal-launch cancel", description="Cancel a Slurm job; its run directory stays."
-    )
-    parser.add_argument("target", help="run directory or Slurm job id")
-    args = parser.parse_args(argv)
-    job_id, run_dir = resolve_job(args.target)
+    job_id, run_dir = _job_target("cancel", "Cancel a Slurm job; its run directory stays.", argv)
     cancel_job(job_id)
     print(
         f"[areal-launch] cancelled job {job_id}" + (f"; run dir kept: {run_dir}" if run_dir else "")

@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_watchdog.rankset import format_ranks, ranks_phrase
+from areal_watchdog.rankset import ranks_phrase
 
 
 @dataclass(frozen=True)
@@ -245,11 +245,3 @@ def _table(ops: dict[int, dict[int, Op]]) -> list[str]:
         rows[last.label() if last else "no collective"].append(rank)
     ordered = sorted(rows.items(), key=lambda item: (-len(item[1]), min(item[1])))
     return [f"{ranks_phrase(ranks)} at {label}" for label, ranks in ordered]
-
-
-def short_table(evidence: CollectiveEvidence) -> str:
-    """One line per group for people: "group 0: ranks 0-2, 4-7 at #119 barrier; rank 3 at ..."."""
-    lines = [f"group {g.group}: {'; '.join(g.table)}" for g in evidence.groups if g.table]
-    if evidence.ranks_without_trace:
-        lines.append(f"no trace from ranks {format_ranks(evidence.ranks_without_trace)}")
-    return "\n".join(lines)

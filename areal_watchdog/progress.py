@@ -101,7 +101,6 @@ class HeartbeatState:
     """What the rank-side API says: the highest step and any pause still announced."""
 
     max_step: int | None = None
-    latest_beat: float = 0.0
     pause_until: float = 0.0
     pause_reason: str = ""
 
@@ -127,7 +126,6 @@ def read_heartbeats(layout: RunLayout, run_id: str) -> HeartbeatState:
         step = record.get("step")
         if isinstance(step, int) and (state.max_step is None or step > state.max_step):
             state.max_step = step
-        state.latest_beat = max(state.latest_beat, float(record.get("time", 0)))
     return state
 
 
