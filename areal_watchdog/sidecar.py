@@ -99,6 +99,7 @@ class Sidecar:
         self.exited_at: float | None = None
         self.cancelling = False
         self.last_fr_seconds = 0.0
+        self.suspected = False  # "stall suspected" said for the current silence
 
     # ----------------------------------------------------------------- output
     def say(self, message: str) -> None:
@@ -200,6 +201,7 @@ class Sidecar:
                 f"stall detection suspended for up to {beats.pause_until - now:.0f} s"
             )
         if progressed:
+            self.suspected = False
             if self.stall_reported:
                 self.say(f"progress resumed at step {self.clock.last_step}")
                 self.stall_reported = False
@@ -262,6 +264,10 @@ class Sidecar:
                 f"gathering stacks from {len(alive)} ranks"
             )
             self.incident("gpu_idle", now)
+        silent, threshold = self.clock.silent_for(now), self.clock.threshold
+        if alive and not self.stall_reported and not self.suspected and silent > threshold * 2 / 3:
+            self.suspected = True
+            self.say(f"no new step for {silent:.0f} s (threshold {threshold:g} s): stall suspected")
         if self.clock.stalled(now) and not self.stall_reported and alive:
             self.stall_reported = True
             self.say(
