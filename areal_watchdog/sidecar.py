@@ -218,21 +218,25 @@ class Sidecar:
         self.answered.add(request["id"])
         if request.get("by") == self.node:
             return  # the leader gathers its own node directly
-        items = self.watch.evidence(self.settings)
-        traces = (
-            self.watch.flight_records(FLIGHT_RECORDER_TIMEOUT)
-            if self.info.watchdog.flight_recorder
-            else {}
-        )
+        items, traces, _ = self.local_evidence()
         self.coordinator.answer(
             request["id"], {"ranks": [asdict(r) for r in items], "flight_records": traces}
         )
         self.log(f"answered evidence request {request['id']} ({len(items)} ranks)")
 
+    def local_evidence(self) -> tuple[list[RankEvidence], dict[str, dict[str, Any]], float]:
+        """This node's ranks: stacks, then Flight Recorder traces (and the seconds they took)."""
+        items = self.watch.evidence(self.settings)
+        if not self.info.watchdog.flight_recorder:
+            return items, {}, 0.0
+        started = time.perf_counter()
+        traces = self.watch.flight_records(FLIGHT_RECORDER_TIMEOUT)
+        return items, traces, time.perf_counter() - started
+
     # ----------------------------------------------------------------- leader
     def lead(self, now: float) -> None:
-        exits = {n: r for n in self.nodes if (r := self.exit_record(n)) is not None}
-        lost = [n for n in self.coordinator.lost_nodes(finished=set(exits))]
+        exits = self.exit_records()
+        lost = self.coordinator.lost_nodes(finished=set(exits))
         if lost and not self.crash_reported:
             self.crash_reported = self.stall_reported = True  # one report for a lost node
             self.say(f"node(s) {', '.join(lost)} stopped answering: gathering evidence")
@@ -271,9 +275,8 @@ class Sidecar:
         if self.clock.stalled(now) and not self.stall_reported and alive:
             self.stall_reported = True
             self.say(
-                f"no progress for {self.clock.silent_for(now):.1f} s (threshold "
-                f"{self.clock.threshold:g} s): stall, gathering stacks from "
-                f"{len(alive)} ranks"
+                f"no progress for {silent:.1f} s (threshold {threshold:g} s): stall, "
+                f"gathering stacks from {len(alive)} ranks"
             )
             self.incident("stall", now)
 
@@ -303,6 +306,14 @@ class Sidecar:
                 ranks |= set(status.get("ranks_gone", []))
         return ranks
 
+    def exit_records(self) -> dict[str, dict[str, Any]]:
+        """The nodes whose job ended, with their exit records."""
+        return {n: r for n in self.nodes if (r := self.exit_record(n)) is not None}
+
+    def cancelled(self) -> bool:
+        """A sidecar asked for the job to be cancelled (``on_hang: cancel``)."""
+        return isinstance(read_json(self.layout.cancel_file), dict)
+
     def exit_record(self, node: str) -> dict[str, Any] | None:
         record = read_json(self.layout.job_exit(node))
         if isinstance(record, dict) and record.get("run_id") == self.info.run_id:
@@ -316,8 +327,7 @@ class Sidecar:
     def finish(self, exits: dict[str, dict[str, Any]]) -> None:
         """Every node's job ended (or its node was lost): report a failure once, then stop."""
         failed = {n: r["returncode"] for n, r in exits.items() if r.get("returncode") != 0}
-        cancelled = isinstance(read_json(self.layout.cancel_file), dict)
-        if failed and not cancelled and not self.crash_reported:
+        if failed and not self.cancelled() and not self.crash_reported:
             self.crash_reported = True
             self.incident("job_failed", time.time(), job_failed=True)
         elif not failed:
@@ -345,10 +355,9 @@ class Sidecar:
         ``node_timeout``, Slurm kills the step after its KillWait."""
         self.say("job ending (signal received)")
         self.publish("ending")  # first of all: peers must not take this node for lost
-        cancelled = isinstance(read_json(self.layout.cancel_file), dict)
-        if self.crash_reported or self.cancelling or cancelled or self.finished():
+        if self.crash_reported or self.cancelling or self.cancelled() or self.finished():
             return
-        exits = {n: r for n in self.nodes if (r := self.exit_record(n)) is not None}
+        exits = self.exit_records()
         peers = [n for n in self.nodes if n != self.node and n not in exits]
         self.coordinator.refresh()
         before = {
@@ -383,14 +392,7 @@ class Sidecar:
         peers = [n for n in self.nodes if n != self.node and n not in lost]
         request_id = self.coordinator.request_evidence(trigger) if peers else ""
         self.answered.add(request_id)
-        items = self.watch.evidence(self.settings)
-        stacks_done = time.perf_counter()
-        traces = (
-            self.watch.flight_records(FLIGHT_RECORDER_TIMEOUT)
-            if self.info.watchdog.flight_recorder
-            else {}
-        )
-        self.last_fr_seconds = time.perf_counter() - stacks_done
+        items, traces, self.last_fr_seconds = self.local_evidence()
         answers = (
             self.coordinator.collect(request_id, peers, self.info.watchdog.evidence_timeout)
             if peers
