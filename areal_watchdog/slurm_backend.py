@@ -39,6 +39,7 @@ from areal_watchdog.plan import LaunchPlan, ProcessSpec
 from areal_watchdog.slurm_node import NodeJob
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "launcher_templates"
+CONCLUDE_SECONDS = 30  # how long the batch script waits for the sidecars' final word
 EXIT_CANCELLED = 4
 EXIT_TIMEOUT = 5
 SLURM_KEYS = {
@@ -150,7 +151,9 @@ def build_slurm_plan(config: JobConfig, watchdog: bool, run_id: str | None = Non
         env=env,
         watchdog=watchdog,
     )
-    setup = _setup_lines(slurm, layout, n_nodes, prefix, config.launch.python) if watchdog else []
+    values = _template_values(slurm, layout, n_nodes, prefix, config.launch.python)
+    setup = _template_lines(slurm, "slurm_setup.sh", values) if watchdog else []
+    teardown = _template_lines(slurm, "slurm_teardown.sh", values) if watchdog else []
     folder = str(layout.logs_dir / "submitit")
     parameters: dict[str, Any] = {
         "job_name": slurm.get("job_name") or f"{config.experiment_name}-{config.trial_name}",
@@ -159,6 +162,7 @@ def build_slurm_plan(config: JobConfig, watchdog: bool, run_id: str | None = Non
         "time": slurm["time"],
         "cpus_per_task": slurm.get("cpus_per_task") or nproc,
         "setup": setup,
+        "teardown": teardown,
         "srun_args": [str(a) for a in slurm.get("srun_args") or []],
         "comment": f"areal-watchdog:{layout.run_dir}",
         "additional_parameters": dict(slurm.get("additional_parameters") or {}),
@@ -217,24 +221,31 @@ def build_slurm_plan(config: JobConfig, watchdog: bool, run_id: str | None = Non
     return SlurmPlan(plan, parameters, node_job, folder, python_cmd, script)
 
 
-def _setup_lines(
+def _template_values(
     slurm: dict[str, Any], layout: RunLayout, n_nodes: int, prefix: list[str], python: str
-) -> list[str]:
-    template_dir = Path(slurm.get("template_dir") or TEMPLATES)
-    path = template_dir / "slurm_setup.sh"
+) -> dict[str, str]:
+    """What the sbatch templates may name."""
+    return {
+        "run_dir": shlex.quote(str(layout.run_dir)),
+        "logs_dir": shlex.quote(str(layout.logs_dir)),
+        "finished_file": shlex.quote(str(layout.finished_file)),
+        "conclude_seconds": f"{CONCLUDE_SECONDS:g}",
+        "n_nodes": str(n_nodes),
+        "python": shlex.quote(python),
+        "container_prefix": f"{shlex.join(prefix)} " if prefix else "",
+        "sidecar_srun_args": "".join(
+            f"{shlex.quote(str(a))} " for a in slurm.get("srun_args") or []
+        ),
+    }
+
+
+def _template_lines(slurm: dict[str, Any], name: str, values: dict[str, str]) -> list[str]:
+    """A template of ``launcher_templates/`` (or ``launch.slurm.template_dir``), rendered."""
+    path = Path(slurm.get("template_dir") or TEMPLATES) / name
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise UserError(f"{path}: cannot read the sbatch template: {exc.strerror}") from None
-    srun_args = "".join(f"{shlex.quote(str(a))} " for a in slurm.get("srun_args") or [])
-    values = {
-        "run_dir": shlex.quote(str(layout.run_dir)),
-        "logs_dir": shlex.quote(str(layout.logs_dir)),
-        "n_nodes": str(n_nodes),
-        "python": shlex.quote(python),
-        "container_prefix": f"{shlex.join(prefix)} " if prefix else "",
-        "sidecar_srun_args": srun_args,
-    }
     try:
         return Template(text).substitute(values).rstrip("\n").splitlines()
     except (KeyError, ValueError) as exc:

@@ -159,6 +159,7 @@ def test_dry_run_prints_the_sbatch_script_and_creates_nothing(
     assert "for areal_node in $(scontrol show hostnames" in out
     assert "apptainer exec img.sif " in out and "-m areal_watchdog.sidecar" in out
     assert "--mpi=none" in out and "submitit.core._submit" in out
+    assert "watchdog/finished.json ] && break" in out  # the teardown waits for the last word
     assert not (tmp_path / "slurm-test").exists()
 
 
