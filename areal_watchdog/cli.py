@@ -20,25 +20,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from areal_watchdog.atomic import read_json
-from areal_watchdog.config import JobConfig, load_config
-from areal_watchdog.delivery import delivery_id, send
-from areal_watchdog.errors import UserError
-from areal_watchdog.local_backend import (
+from areal_watchdog.common.atomic import read_json
+from areal_watchdog.common.errors import UserError
+from areal_watchdog.common.rankset import format_ranks
+from areal_watchdog.common.redact import Redactor
+from areal_watchdog.config.load import JobConfig, load_config
+from areal_watchdog.launch.local import (
     EXIT_INTERRUPTED,
     EXIT_JOB_FAILED,
     EXIT_USAGE,
     build_local_plan,
     execute_local_plan,
 )
-from areal_watchdog.notifier import deliver_spooled, render, secret_values
-from areal_watchdog.paths import RunLayout
-from areal_watchdog.rankset import format_ranks
-from areal_watchdog.redact import Redactor
-from areal_watchdog.replay import ReplayRequest, plan_replay_config
-from areal_watchdog.sample_report import sample_report
-from areal_watchdog.sinks import SecretError, SinkSpec, resolve
-from areal_watchdog.slurm_backend import (
+from areal_watchdog.launch.slurm.backend import (
     build_slurm_plan,
     cancel_job,
     job_state,
@@ -47,6 +41,12 @@ from areal_watchdog.slurm_backend import (
     submit_slurm_plan,
     wait_for_job,
 )
+from areal_watchdog.notify.delivery import delivery_id, send
+from areal_watchdog.notify.notifier import deliver_spooled, render, secret_values
+from areal_watchdog.notify.sinks import SecretError, SinkSpec, resolve
+from areal_watchdog.report.sample import sample_report
+from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.trajectory.replay_plan import ReplayRequest, plan_replay_config
 
 COMMANDS = ("local", "slurm", "status", "cancel", "replay", "notify-test")
 

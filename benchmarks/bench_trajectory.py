@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from areal_watchdog.dump_layout import check_file
 from areal_watchdog.trajectory import TrajectoryRecorder, load_global_batch
+from areal_watchdog.trajectory.format import check_file
 
 Rows = list[tuple[str, str, str]]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import psutil
 
-from areal_watchdog.classify import classify
-from areal_watchdog.evidence import BLOCKED, Evidence, Frame, RankEvidence, ThreadStack
+from areal_watchdog.diagnose.classify import classify
+from areal_watchdog.evidence.model import BLOCKED, Evidence, Frame, RankEvidence, ThreadStack
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "examples" / "hang_demo" / "config.yaml"
@@ -60,7 +60,7 @@ def _sample_sidecar(launcher: subprocess.Popen, root: Path) -> dict[str, float]:
     sidecar = None
     while sidecar is None and launcher.poll() is None:
         for child in psutil.Process(launcher.pid).children():
-            if "areal_watchdog.sidecar" in " ".join(child.cmdline()):
+            if "areal_watchdog.watch.sidecar" in " ".join(child.cmdline()):
                 sidecar = child
         time.sleep(0.1)
     if sidecar is None:

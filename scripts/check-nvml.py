@@ -14,7 +14,7 @@ import argparse
 import sys
 import time
 
-from areal_watchdog.gpu import IdleTracker, NvidiaSmiBackend, NvmlBackend
+from areal_watchdog.evidence.gpu import IdleTracker, NvidiaSmiBackend, NvmlBackend
 
 
 def main() -> int:

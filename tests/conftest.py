@@ -16,7 +16,7 @@ import jsonschema
 import psutil
 import pytest
 
-from areal_watchdog.report import load_schema
+from areal_watchdog.report.build import load_schema
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = REPO / "examples" / "hang_demo" / "config.yaml"

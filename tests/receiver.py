@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from areal_watchdog.envelope import verify
+from areal_watchdog.notify.envelope import verify
 
 
 @dataclass

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from areal_watchdog.classify import classify
-from areal_watchdog.evidence import (
+from areal_watchdog.diagnose.classify import classify
+from areal_watchdog.evidence.model import (
     BLOCKED,
     EXITED,
     MISSING,

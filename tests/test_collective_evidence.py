@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from areal_watchdog.flight_recorder import collect, nccl_dump, nccl_pipe
-from areal_watchdog.paths import RunLayout
-from areal_watchdog.slack import build_slack_message, check_limits
+from areal_watchdog.evidence.flight_recorder import collect, nccl_dump, nccl_pipe
+from areal_watchdog.notify.slack import build_slack_message, check_limits
+from areal_watchdog.rundir.layout import RunLayout
 from conftest import REPO, Launcher
 
 SCENARIOS = REPO / "examples" / "collective_hangs" / "config.yaml"

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from areal_watchdog.cli import main
-from areal_watchdog.config import load_config
-from areal_watchdog.errors import ConfigError
+from areal_watchdog.common.errors import ConfigError
+from areal_watchdog.config.load import load_config
 from conftest import DEMO_CONFIG
 
 GOOD = """\
@@ -121,8 +121,8 @@ def test_dry_run_prints_plan_and_starts_nothing(
     )
     assert code == 0
     assert "torch.distributed.run --standalone --nnodes 1 --nproc-per-node 2" in out
-    assert "-m areal_watchdog.rank_main" in out and "--seed 1 --config" in out
-    assert "areal_watchdog.sidecar" in out
+    assert "-m areal_watchdog.rank.main" in out and "--seed 1 --config" in out
+    assert "areal_watchdog.watch.sidecar" in out
     assert "TORCH_DISTRIBUTED_DEBUG=INFO" in out and "PYTHONFAULTHANDLER=1" in out
     assert "launch.json" in out and "job_config.yaml" in out
     assert "hf_supersecretvalue123" not in out and "HF_TOKEN=[REDACTED]" in out
@@ -145,4 +145,4 @@ def test_without_watchdog_flag_the_job_runs_plain(
         config_file.read_text().replace("on_hang: report", "on_hang: report, enabled: false")
     )
     code, out, _ = run_cli(capsys, "local", str(config_file), "--dry-run")
-    assert code == 0 and "areal_watchdog.sidecar" not in out and "rank_main" not in out
+    assert code == 0 and "areal_watchdog.watch.sidecar" not in out and "rank_main" not in out

@@ -14,8 +14,8 @@ import shutil
 
 import pytest
 
-from areal_watchdog.config import load_config
-from areal_watchdog.local_backend import EXIT_HANG_CANCELLED, build_local_plan, execute_local_plan
+from areal_watchdog.config.load import load_config
+from areal_watchdog.launch.local import EXIT_HANG_CANCELLED, build_local_plan, execute_local_plan
 from conftest import DEMO_CONFIG, FAST, Launcher, read_reports
 
 pytestmark = [

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_watchdog.gpu import (
+from areal_watchdog.evidence.gpu import (
     GpuSample,
     IdleTracker,
     NoGpu,

@@ -11,19 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from areal_watchdog.classify import classify
 from areal_watchdog.cli import main
-from areal_watchdog.config import load_config
-from areal_watchdog.delivery import Spool, delivery_id, send
-from areal_watchdog.envelope import ENVELOPE_SCHEMA, verify
-from areal_watchdog.errors import ConfigError
-from areal_watchdog.evidence import BLOCKED, Evidence, Frame, RankEvidence, ThreadStack
-from areal_watchdog.notifier import Notifier, render
-from areal_watchdog.redact import Redactor
-from areal_watchdog.report import IncidentContext, build_report
-from areal_watchdog.sample_report import sample_report
-from areal_watchdog.sinks import SinkSpec, parse_sinks, resolve
-from areal_watchdog.slack import build_slack_message, check_limits
+from areal_watchdog.common.errors import ConfigError
+from areal_watchdog.common.redact import Redactor
+from areal_watchdog.config.load import load_config
+from areal_watchdog.diagnose.classify import classify
+from areal_watchdog.evidence.model import BLOCKED, Evidence, Frame, RankEvidence, ThreadStack
+from areal_watchdog.notify.delivery import Spool, delivery_id, send
+from areal_watchdog.notify.envelope import ENVELOPE_SCHEMA, verify
+from areal_watchdog.notify.notifier import Notifier, render
+from areal_watchdog.notify.sinks import SinkSpec, parse_sinks, resolve
+from areal_watchdog.notify.slack import build_slack_message, check_limits
+from areal_watchdog.report.build import IncidentContext, build_report
+from areal_watchdog.report.sample import sample_report
 from conftest import DEMO_CONFIG
 from receiver import Receiver
 

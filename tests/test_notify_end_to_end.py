@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_watchdog.slack import check_limits
+from areal_watchdog.notify.slack import check_limits
 from conftest import FAST, Launcher
 from receiver import Receiver
 

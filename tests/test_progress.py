@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from areal_watchdog.config import DEFAULT_STEP_REGEX
-from areal_watchdog.progress import StallClock, StepLogTail, find_step
+from areal_watchdog.config.load import DEFAULT_STEP_REGEX
+from areal_watchdog.watch.progress import StallClock, StepLogTail, find_step
 
 AREAL_LINE = (
     "\x1b[32m(AReaL) 20260829-00:00:00.000 StatsLogger INFO:\x1b[0m Epoch 2/2 "

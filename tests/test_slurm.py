@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from areal_watchdog.cli import main
-from areal_watchdog.slurm_backend import job_state
+from areal_watchdog.launch.slurm.backend import job_state
 from conftest import REPO, processes_under, read_reports
 from slurm_cluster import bring_up, job_processes, slurm_env, tear_down, wait_until
 
@@ -157,7 +157,7 @@ def test_dry_run_prints_the_sbatch_script_and_creates_nothing(
         assert line in out
     assert "srun --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1" in out
     assert "for areal_node in $(scontrol show hostnames" in out
-    assert "apptainer exec img.sif " in out and "-m areal_watchdog.sidecar" in out
+    assert "apptainer exec img.sif " in out and "-m areal_watchdog.watch.sidecar" in out
     assert "--mpi=none" in out and "submitit.core._submit" in out
     assert "watchdog/finished.json ] && break" in out  # the teardown waits for the last word
     assert not (tmp_path / "slurm-test").exists()

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from areal_watchdog.cli import main
-from areal_watchdog.dump_layout import complete_steps, list_step_files, read_manifest
 from areal_watchdog.trajectory import (
     DumpError,
     TrajectoryRecorder,
@@ -22,6 +21,7 @@ from areal_watchdog.trajectory import (
     load_step_file,
     split_for_rank,
 )
+from areal_watchdog.trajectory.format import complete_steps, list_step_files, read_manifest
 
 
 def areal_batch(groups: int = 2, size: int = 4, seqlen: int = 8, tag: int = 0) -> list[dict]:

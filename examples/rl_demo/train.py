@@ -30,8 +30,8 @@ import torch.nn.functional as F
 import yaml
 from torch.nn.parallel import DistributedDataParallel
 
-from areal_watchdog.dump_layout import ENV_REPLAY_SOURCE
 from areal_watchdog.trajectory import Replay, TrajectoryRecorder
+from areal_watchdog.trajectory.format import ENV_REPLAY_SOURCE
 
 VOCAB, EOS = 16, 0
 GREEN, RESET = "\x1b[32m", "\x1b[0m"

@@ -18,7 +18,7 @@ import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from areal_watchdog.envelope import verify
+from areal_watchdog.notify.envelope import verify
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -1,0 +1,3 @@
+"""Helpers every process uses (launcher, sidecar, rank): atomic files, errors, rank lists,
+redaction.
+"""

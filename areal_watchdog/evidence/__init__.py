@@ -1,0 +1,3 @@
+"""Sidecar, stage 'evidence': the plain evidence model and how it is gathered (discovery, stacks,
+Flight Recorder, GPUs).
+"""

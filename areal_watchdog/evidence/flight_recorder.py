@@ -1,0 +1,180 @@
+"""Capture PyTorch Flight Recorder traces from every rank of a node, on demand.
+
+Two triggers, tried in this order for each rank:
+
+- the cooperative listener ``rank_main`` starts in every rank: a daemon thread blocked on a
+  per-rank FIFO (``flight_recorder/trigger_rank_<r>``); a write wakes it at once and it writes
+  ``torch._C._distributed_c10d._dump_fr_trace_json()`` to ``flight_recorder/fr_rank_<r>.json``.
+  A blocked collective releases the GIL, so this answers while the main thread waits (gloo and
+  NCCL alike);
+- NCCL's own dump pipe (``TORCH_NCCL_DEBUG_INFO_PIPE_FILE``, exported by the launcher as
+  ``flight_recorder/pipe_rank_<r>``): a write makes ProcessGroupNCCL dump to
+  ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` (``flight_recorder/rank_<r>``), a pickle read here with an
+  unpickler that only accepts plain containers and values.
+
+Missing or unreadable traces are simply absent from the result; the classifier then falls back
+to stacks only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import pickle
+import stat
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from areal_watchdog.common.atomic import read_json, write_text_atomic
+from areal_watchdog.rundir.layout import RunLayout
+
+ENV_FLIGHT_RECORDER = "AREAL_WATCHDOG_FLIGHT_RECORDER"  # "1": ranks start the listener
+_KEPT = (
+    "collective_seq_id",
+    "profiling_name",
+    "input_sizes",
+    "input_dtypes",
+    "process_group",
+    "is_p2p",
+    "retired",
+    "state",
+)
+
+
+def trigger_path(layout: RunLayout, rank: int) -> Path:
+    return layout.flight_recorder_dir / f"trigger_rank_{rank}"
+
+
+def dump_path(layout: RunLayout, rank: int) -> Path:
+    return layout.flight_recorder_dir / f"fr_rank_{rank}.json"
+
+
+def nccl_pipe(layout: RunLayout, rank: int) -> Path:
+    return layout.flight_recorder_dir / f"pipe_rank_{rank}"
+
+
+def nccl_dump(layout: RunLayout, rank: int) -> Path:
+    return layout.flight_recorder_dir / f"rank_{rank}"
+
+
+# ----------------------------------------------------------------------------- rank side
+def start_listener(layout: RunLayout, rank: int) -> None:
+    """Create the rank's trigger FIFO and a daemon thread that dumps on every request."""
+    path = trigger_path(layout, rank)
+    try:
+        layout.flight_recorder_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        os.mkfifo(path, 0o622)
+    except OSError:
+        return
+    threading.Thread(
+        target=_listen, args=(layout, rank, path), name="areal-flight-recorder", daemon=True
+    ).start()
+
+
+def _listen(layout: RunLayout, rank: int, path: Path) -> None:
+    while True:
+        try:
+            with open(path, encoding="utf-8") as fifo:  # blocks, without the GIL, until a write
+                request = fifo.read().strip()
+        except OSError:
+            return
+        if request:
+            _dump(layout, rank, request)
+
+
+def _dump(layout: RunLayout, rank: int, request: str) -> None:
+    record: dict[str, Any] = {"request": request, "rank": rank, "time": time.time()}
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialised in this rank")
+        import torch
+
+        record["trace"] = json.loads(torch._C._distributed_c10d._dump_fr_trace_json())
+    except Exception as exc:  # noqa: BLE001 - report why, never disturb the rank
+        record["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    with contextlib.suppress(OSError):
+        write_text_atomic(dump_path(layout, rank), json.dumps(record))
+
+
+# -------------------------------------------------------------------------- sidecar side
+def collect(layout: RunLayout, ranks: list[int], timeout: float) -> dict[int, dict[str, Any]]:
+    """Ask every listed rank for its trace; return the traces that arrive within ``timeout``."""
+    request = f"{os.getpid()}-{time.time_ns()}"
+    asked_nccl: set[int] = set()
+    for rank in ranks:
+        if not _write_fifo(trigger_path(layout, rank), request) and _write_fifo(
+            nccl_pipe(layout, rank), "1"
+        ):
+            asked_nccl.add(rank)
+    deadline = time.monotonic() + timeout
+    traces: dict[int, dict[str, Any]] = {}
+    while time.monotonic() < deadline and len(traces) < len(ranks):
+        for rank in ranks:
+            if rank in traces:
+                continue
+            trace = (
+                _nccl_trace(layout, rank)
+                if rank in asked_nccl
+                else _listener_trace(layout, rank, request)
+            )
+            if trace is not None:
+                traces[rank] = strip(trace)
+        time.sleep(0.005)
+    return traces
+
+
+def _write_fifo(path: Path, message: str) -> bool:
+    """Write to a FIFO only if someone listens (a non-blocking open fails otherwise)."""
+    try:
+        if not stat.S_ISFIFO(os.stat(path).st_mode):
+            return False
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: nobody listens
+    except OSError:
+        return False
+    try:
+        os.write(fd, f"{message}\n".encode())
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _listener_trace(layout: RunLayout, rank: int, request: str) -> dict[str, Any] | None:
+    record = read_json(dump_path(layout, rank))
+    if not isinstance(record, dict) or record.get("request") != request:
+        return None
+    return record.get("trace") if isinstance(record.get("trace"), dict) else {"entries": []}
+
+
+def _nccl_trace(layout: RunLayout, rank: int) -> dict[str, Any] | None:
+    try:
+        data = nccl_dump(layout, rank).read_bytes()
+        trace = _PlainUnpickler(io.BytesIO(data)).load()
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError):
+        return None
+    return trace if isinstance(trace, dict) else None
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Dicts, lists, strings and numbers only: a dump file cannot run code here."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refusing {module}.{name} in a Flight Recorder dump")
+
+
+def strip(trace: dict[str, Any]) -> dict[str, Any]:
+    """What the analysis needs (no stack frames): a few hundred bytes per collective."""
+    return {
+        "pg_status": trace.get("pg_status") or {},
+        "pg_config": trace.get("pg_config") or {},
+        "entries": [{k: e.get(k) for k in _KEPT} for e in trace.get("entries") or []],
+    }

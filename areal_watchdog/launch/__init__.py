@@ -1,0 +1,3 @@
+"""Launcher, stage 'launch': build a plain LaunchPlan per backend, print it (--dry-run) or execute
+it.
+"""

@@ -1,0 +1,66 @@
+"""A launch as plain data: the commands, environment and files, built before anything runs.
+
+``--dry-run`` prints it; tests inspect it; the backends execute it.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from areal_watchdog.common.redact import Redactor
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One process to start: ``argv`` with ``env`` added to the launcher's environment."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything a launch will do."""
+
+    backend: str
+    run_id: str
+    run_dir: str
+    files: dict[str, str]  # path -> content
+    processes: list[ProcessSpec]
+    reset_paths: list[str] = field(default_factory=list)  # stale state of an earlier launch
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def render(self, redactor: Redactor | None = None) -> str:
+        """The human-readable plan that ``--dry-run`` prints (secrets redacted)."""
+        redactor = redactor or Redactor.from_environment()
+        lines = [
+            f"backend:   {self.backend}",
+            f"run id:    {self.run_id}",
+            f"run dir:   {self.run_dir}",
+            "",
+        ]
+        for proc in self.processes:
+            lines.append(f"process `{proc.name}`:")
+            lines.append(f"  command: {shlex.join(proc.argv)}")
+            if proc.cwd:
+                lines.append(f"  cwd:     {proc.cwd}")
+            if proc.env:
+                lines.append("  environment:")
+                lines.extend(f"    {k}={v}" for k, v in sorted(proc.env.items()))
+            lines.append("")
+        lines.append("files to write:")
+        lines.extend(f"  {path} ({len(content)} bytes)" for path, content in self.files.items())
+        if self.reset_paths:
+            lines.append("stale state to remove first:")
+            lines.extend(f"  {path}" for path in self.reset_paths)
+        if self.notes:
+            lines.append("")
+            lines.extend(self.notes)
+        return redactor.scrub("\n".join(lines))

@@ -1,0 +1,1 @@
+"""Stage 'notify': send a finished report to Slack or signed webhooks. Nothing here classifies."""

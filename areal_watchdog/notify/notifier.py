@@ -1,0 +1,130 @@
+"""Hand reports to every configured sink from a background thread, so sending never blocks
+detection or evidence gathering; what cannot be delivered goes to the spool.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from areal_watchdog.common.redact import Redactor
+from areal_watchdog.notify.delivery import Spool, delivery_id, send
+from areal_watchdog.notify.envelope import build_envelope, encode
+from areal_watchdog.notify.sinks import ResolvedSink, SecretError, SinkSpec, resolve
+from areal_watchdog.notify.slack import build_slack_message
+
+
+def render(sink: SinkSpec, report: dict[str, Any]) -> bytes:
+    """The body a sink receives for a report."""
+    if sink.type == "slack":
+        return encode(build_slack_message(report))
+    return encode(build_envelope(report))
+
+
+def resolve_all(specs: list[SinkSpec], log: Callable[[str], None]) -> list[ResolvedSink]:
+    """Every sink whose URL and secret can be read now; the others are logged (no values)."""
+    resolved = []
+    for spec in specs:
+        try:
+            resolved.append(resolve(spec))
+        except SecretError as exc:
+            log(str(exc))
+    return resolved
+
+
+def secret_values(specs: list[SinkSpec]) -> list[str]:
+    """The sinks' URLs and secrets, for redaction."""
+    values: list[str] = []
+    for spec in specs:
+        try:
+            values += resolve(spec).secret_values()
+        except SecretError:
+            continue
+    return values
+
+
+class Notifier:
+    """Queue reports; a worker thread renders, sends and spools them."""
+
+    def __init__(
+        self,
+        specs: list[SinkSpec],
+        spool_dir: Path,
+        redactor: Redactor,
+        log: Callable[[str], None],
+        spool_retry_interval: float = 30.0,
+    ) -> None:
+        self.specs = specs
+        self.spool = Spool(spool_dir)
+        self.redactor = redactor.with_values(secret_values(specs))
+        self.log = log
+        self.spool_retry_interval = spool_retry_interval
+        self.queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=100)
+        self.last_flush = time.monotonic()
+        self.thread = threading.Thread(target=self._work, name="areal-watchdog-notify", daemon=True)
+        if specs:
+            self.thread.start()
+
+    def submit(self, report: dict[str, Any]) -> None:
+        """Queue a report for every sink; returns at once."""
+        if not self.specs:
+            return
+        try:
+            self.queue.put_nowait(report)
+        except queue.Full:
+            self.log("notification queue full: report kept on disk only")
+
+    def close(self, timeout: float) -> None:
+        """Finish what is queued within ``timeout``; anything left stays in the spool."""
+        if not self.thread.is_alive():
+            return
+        self.queue.put(None)
+        self.thread.join(timeout)
+
+    def _work(self) -> None:
+        while True:
+            wait = max(0.1, self.spool_retry_interval - (time.monotonic() - self.last_flush))
+            try:
+                report = self.queue.get(timeout=wait)
+            except queue.Empty:
+                self._flush_spool()
+                continue
+            if report is None:
+                return
+            self._deliver(report)
+
+    def _flush_spool(self) -> None:
+        self.last_flush = time.monotonic()
+        if self.spool.pending():
+            self.spool.flush(self.redactor, log=self.log)
+
+    def _deliver(self, report: dict[str, Any]) -> None:
+        clean = self.redactor.scrub_tree(report)
+        done = self.spool.delivered_ids()
+        for sink in resolve_all(self.specs, self.log):
+            message_id = delivery_id(clean["incident_id"], sink.spec)
+            if message_id in done:
+                continue
+            body = render(sink.spec, clean)
+            # Write-ahead: if this process dies mid-send, the next one still delivers it.
+            self.spool.keep(message_id, sink.spec, body, "not sent yet")
+            outcome = send(sink, body, message_id, self.redactor)
+            self.log(f"notify {sink.spec.name}: {outcome.describe()}")
+            if outcome.delivered:
+                self.spool.mark_delivered(message_id)
+            elif outcome.retryable:
+                self.spool.keep(message_id, sink.spec, body, outcome.error)
+            else:
+                self.spool.drop(message_id)
+
+
+def deliver_spooled(spool_dir: Path, log: Callable[[str], None]) -> tuple[int, int]:
+    """Retry a run's spooled notifications now (any ``areal-launch`` command touching the run)."""
+    spool = Spool(spool_dir)
+    if not spool.pending():
+        return 0, 0
+    return spool.flush(Redactor.from_environment(), log=log)

@@ -1,0 +1,155 @@
+"""Notification sinks from ``watchdog.notify``: which receiver, and where its secrets live.
+
+Secrets never sit in the config: a sink names an environment variable (``*_env``) or a file
+(``*_file``, refused when group or others may read it). A ``SinkSpec`` holds only those names and
+is safe to write to disk; ``resolve`` reads the values when a request is about to be sent.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import asdict, dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from areal_watchdog.common.errors import ConfigError
+
+SINK_TYPES = ("slack", "webhook")
+_SECRET_FIELDS = {"slack": ("webhook_url",), "webhook": ("url", "secret")}
+_REQUIRED = {"slack": ("webhook_url",), "webhook": ("url",)}
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    """One receiver; names of where its URL and secret come from, never the values."""
+
+    type: str
+    name: str
+    sources: dict[str, dict[str, str]]  # field -> {"env": NAME} or {"file": PATH}
+    timeout: float = 10.0
+    max_attempts: int = 5
+    backoff: float = 1.0
+
+    @property
+    def key(self) -> str:
+        """A stable, secret-free identity (used in delivery ids and the spool)."""
+        return self.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SinkSpec:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class ResolvedSink:
+    """A sink with its URL (and signing secret) read from the environment or a file."""
+
+    spec: SinkSpec
+    url: str
+    secret: str | None = None
+
+    def secret_values(self) -> list[str]:
+        """Everything to redact: the URL, its path and query (tokens live there), the secret."""
+        parts = urlsplit(self.url)
+        return [v for v in (self.url, parts.path, parts.query, self.secret) if v and v != "/"]
+
+
+def parse_sinks(items: list[dict[str, Any]], source: str) -> list[SinkSpec]:
+    """Validate ``watchdog.notify``; raise ConfigError naming the entry and key."""
+    specs = []
+    for index, item in enumerate(items):
+        where = f"watchdog.notify[{index}]"
+        kind = item.get("type")
+        if kind not in SINK_TYPES:
+            raise ConfigError(
+                source, f"{where}.type", f"must be one of {', '.join(SINK_TYPES)}; got {kind!r}"
+            )
+        sources: dict[str, dict[str, str]] = {}
+        for field in _SECRET_FIELDS[kind]:
+            if field in item:
+                raise ConfigError(
+                    source,
+                    f"{where}.{field}",
+                    f"secrets never sit in the config: "
+                    f"use {field}_env (a variable name) or {field}_file (a path)",
+                )
+            env, path = item.get(f"{field}_env"), item.get(f"{field}_file")
+            if env and path:
+                raise ConfigError(
+                    source, f"{where}.{field}_env", f"give {field}_env or {field}_file, not both"
+                )
+            if env:
+                sources[field] = {"env": str(env)}
+            elif path:
+                sources[field] = {"file": os.path.expanduser(str(path))}
+            elif field in _REQUIRED[kind]:
+                raise ConfigError(
+                    source,
+                    f"{where}.{field}_env",
+                    f"is missing: name the variable "
+                    f"(or {field}_file) that holds the {field.replace('_', ' ')}",
+                )
+        name = str(item.get("name") or f"{kind}-{index}")
+        try:
+            spec = SinkSpec(
+                kind,
+                name,
+                sources,
+                float(item.get("timeout", 10.0)),
+                int(item.get("max_attempts", 5)),
+                float(item.get("backoff", 1.0)),
+            )
+        except (TypeError, ValueError):
+            raise ConfigError(
+                source, where, "timeout, max_attempts and backoff must be numbers"
+            ) from None
+        if spec.timeout <= 0 or spec.max_attempts < 1 or spec.backoff < 0:
+            raise ConfigError(
+                source,
+                where,
+                "timeout must be positive, max_attempts at least 1, backoff not negative",
+            )
+        specs.append(spec)
+    if len({s.name for s in specs}) != len(specs):
+        raise ConfigError(source, "watchdog.notify", "sink names must be unique")
+    return specs
+
+
+class SecretError(Exception):
+    """A sink's URL or secret could not be read; the message never holds a secret value."""
+
+
+def resolve(spec: SinkSpec, env: dict[str, str] | None = None) -> ResolvedSink:
+    """Read the sink's URL and secret now."""
+    env = dict(os.environ) if env is None else env
+    values: dict[str, str] = {}
+    for field, src in spec.sources.items():
+        if "env" in src:
+            value = env.get(src["env"], "")
+            if not value:
+                raise SecretError(
+                    f"sink {spec.name}: environment variable {src['env']} ({field}) is not set"
+                )
+        else:
+            value = _read_secret_file(src["file"], spec.name, field)
+        values[field] = value.strip()
+    url = values.get("webhook_url") or values.get("url") or ""
+    return ResolvedSink(spec, url, values.get("secret"))
+
+
+def _read_secret_file(path: str, name: str, field: str) -> str:
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise SecretError(f"sink {name}: cannot read {field} file {path}: {exc.strerror}") from None
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise SecretError(
+            f"sink {name}: {field} file {path} is readable by others "
+            f"(mode {stat.filemode(info.st_mode)}); run chmod 600 {path}"
+        )
+    with open(path, encoding="utf-8") as fh:
+        return fh.read()

@@ -1,0 +1,136 @@
+"""The thin wrapper torchrun starts on every rank: ``python -m areal_watchdog.rank.main ENTRY ...``.
+
+It runs the user's entrypoint unchanged (a ``.py`` file or a module) in this process, after
+preparing what the watchdog needs from inside the rank:
+
+- a registration file (rank, pid, node) so the sidecar finds the rank even when it may not read
+  the process's environment;
+- the cooperative stack dump: ``faulthandler`` registered on SIGURG (ignored by default, so a
+  stray signal never kills anything) writing every thread's stack to a per-rank file; it needs
+  no ptrace and answers while the main thread is blocked inside a collective;
+- ``prctl(PR_SET_PTRACER, ANY)`` so a sidecar that is not our ancestor may attach under Yama;
+- an exit record (returned, exit code, or exception with its traceback) for crash analysis;
+- the Flight Recorder listener (``flight_recorder.start_listener``) when the launcher asked for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import faulthandler
+import os
+import runpy
+import signal
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from areal_watchdog.common.atomic import write_json_atomic
+from areal_watchdog.evidence.flight_recorder import ENV_FLIGHT_RECORDER, start_listener
+from areal_watchdog.rundir.layout import ENV_NODE, ENV_RUN_ID, ENV_WATCH_DIR, RunLayout
+
+COOPERATIVE_SIGNAL = signal.SIGURG
+_PR_SET_PTRACER = 0x59616D61
+_PR_SET_PTRACER_ANY = -1
+
+
+def _allow_any_tracer() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(
+            _PR_SET_PTRACER, ctypes.c_ulong(_PR_SET_PTRACER_ANY & 0xFFFFFFFFFFFFFFFF), 0, 0, 0
+        )
+    except (OSError, AttributeError):
+        pass
+
+
+def _register(layout: RunLayout, rank: int) -> object | None:
+    """Write the registration file and arm the cooperative dump; return the open stack file."""
+    try:
+        layout.ranks_dir.mkdir(parents=True, exist_ok=True)
+        stack_file = open(layout.stack_file(rank), "a", encoding="utf-8")  # noqa: SIM115
+        os.chmod(layout.stack_file(rank), 0o644)
+        faulthandler.register(COOPERATIVE_SIGNAL, file=stack_file, all_threads=True, chain=False)
+    except (OSError, ValueError, RuntimeError):
+        stack_file = None
+    record = {
+        "run_id": os.environ.get(ENV_RUN_ID, ""),
+        "rank": rank,
+        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "node": os.environ.get(ENV_NODE, socket.gethostname()),
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "started_at": time.time(),
+        "cooperative_signal": int(COOPERATIVE_SIGNAL) if stack_file else None,
+    }
+    with contextlib.suppress(OSError):
+        write_json_atomic(layout.registration(rank), record)
+    return stack_file
+
+
+def _record_exit(layout: RunLayout, rank: int, **fields: object) -> None:
+    record = {"rank": rank, "pid": os.getpid(), "time": time.time(), **fields}
+    with contextlib.suppress(OSError):
+        write_json_atomic(layout.exit_record(rank), record)
+
+
+def _run_entrypoint(entry: str, args: list[str]) -> None:
+    if entry.endswith(".py") or os.sep in entry:
+        path = os.path.abspath(entry)
+        sys.argv = [path, *args]
+        sys.path[0] = os.path.dirname(path)
+        runpy.run_path(path, run_name="__main__")
+    else:
+        sys.argv = [entry, *args]
+        runpy.run_module(entry, run_name="__main__", alter_sys=True)
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    return 1
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run ``argv[0]`` (script or module) with ``argv[1:]`` as its arguments, watched."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        sys.exit("usage: python -m areal_watchdog.rank.main ENTRYPOINT [ARGS...]")
+    entry, args = argv[0], argv[1:]
+    watch_dir = os.environ.get(ENV_WATCH_DIR)
+    rank = int(os.environ.get("RANK", "0"))
+    layout = RunLayout(Path(watch_dir).parent) if watch_dir else None
+    if layout is not None:
+        _allow_any_tracer()
+        _register(layout, rank)
+        if os.environ.get(ENV_FLIGHT_RECORDER) == "1":
+            start_listener(layout, rank)
+    try:
+        _run_entrypoint(entry, args)
+    except SystemExit as exc:
+        if layout is not None:
+            _record_exit(layout, rank, kind="exit", code=_exit_code(exc.code))
+        raise
+    except BaseException as exc:
+        if layout is not None:
+            _record_exit(
+                layout,
+                rank,
+                kind="exception",
+                code=1,
+                exc_type=type(exc).__name__,
+                message=str(exc)[:2000],
+                traceback="".join(traceback.format_exception(exc))[-8000:],
+            )
+        raise
+    if layout is not None:
+        _record_exit(layout, rank, kind="returned", code=0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Stage 'report': report.json (the contract), report.md and the raw evidence on disk."""

@@ -1,0 +1,159 @@
+"""Plan ``areal-launch replay RUN_DIR``: the same entrypoint on this node, fed from the dump.
+
+The replay starts from the run's own resolved config (``watchdog/launch_config.yaml``) under a
+new trial name (``<trial>_replay<step>``), so the original run's checkpoints and logs are never
+touched; rollout is bypassed (our ``Replay`` API and AReaL's
+``trajectory_debug.replay_rollout_data``), and the watchdog runs as in the original job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from areal_watchdog.common.atomic import read_json
+from areal_watchdog.common.errors import UserError
+from areal_watchdog.common.rankset import format_ranks
+from areal_watchdog.config.load import JobConfig, load_config
+from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.trajectory.format import (
+    ENV_CONFIG_HASH,
+    ENV_REPLAY_DIR,
+    ENV_REPLAY_SOURCE,
+    ENV_REPLAY_STEPS,
+    ENV_REPLAY_UNSAFE,
+    ENV_REPLAY_VERIFIED,
+    check_file,
+    complete_steps,
+    config_hash,
+    read_manifest,
+)
+
+
+@dataclass(frozen=True)
+class ReplayRequest:
+    """What the user asked for on the command line."""
+
+    run_dir: Path
+    step: int | None = None
+    first: int | None = None
+    last: int | None = None
+    nproc: int | None = None
+    unsafe_load: bool = False
+    allow_config_change: bool = False
+    overrides: tuple[str, ...] = ()
+
+
+def incident_time(layout: RunLayout) -> float | None:
+    """When the newest incident of the run was detected."""
+    reports = sorted(layout.incidents_dir.glob("*/report.json"))
+    for path in reversed(reports):
+        report = read_json(path)
+        if isinstance(report, dict) and report.get("detected_at"):
+            return datetime.fromisoformat(report["detected_at"]).timestamp()
+    return None
+
+
+def choose_steps(
+    request: ReplayRequest, available: dict[int, list[Path]], before: float | None
+) -> list[int]:
+    """The steps to replay; by default the newest step dumped before the newest incident."""
+    listing = format_ranks(sorted(available)) or "none"
+    if request.step is not None:
+        wanted = [request.step]
+    elif request.first is not None or request.last is not None:
+        first = request.first if request.first is not None else min(available)
+        last = request.last if request.last is not None else max(available)
+        if last < first:
+            raise UserError(f"--from {first} --to {last}: the range is empty")
+        wanted = list(range(first, last + 1))
+    else:
+        candidates = [
+            s
+            for s, files in available.items()
+            if before is None
+            or all((read_manifest(f) or {}).get("created", 0) <= before for f in files)
+        ]
+        if not candidates:
+            raise UserError(f"no step was dumped before the incident (dumped steps: {listing})")
+        wanted = [max(candidates)]
+    missing = [s for s in wanted if s not in available]
+    if missing:
+        raise UserError(
+            f"step(s) {format_ranks(missing)} not in the dump (complete steps: {listing})"
+        )
+    return wanted
+
+
+def plan_replay_config(request: ReplayRequest) -> tuple[JobConfig, list[int]]:
+    """The config of the replay run (our env and overrides applied) and the steps it replays."""
+    layout = RunLayout(request.run_dir.resolve())
+    if not layout.launch_config.is_file():
+        raise UserError(
+            f"{request.run_dir}: not a run directory made by areal-launch "
+            f"(no {layout.launch_config.relative_to(layout.run_dir)})"
+        )
+    original = load_config(layout.launch_config)
+    dump_dir = original.trajectory_dir
+    available = complete_steps(dump_dir)
+    if not available:
+        raise UserError(
+            f"{dump_dir}: no complete trajectory dump; dumping is on by default "
+            "with --watchdog (watchdog.trajectory.enabled) and needs the training "
+            "script to record its batches (areal_watchdog.trajectory)"
+        )
+    steps = choose_steps(request, available, incident_time(layout))
+    manifests = []
+    for step in steps:
+        for path in available[step]:
+            problem = check_file(path)
+            if problem:
+                raise UserError(f"cannot replay step {step}: {problem}")
+            manifests.append(read_manifest(path) or {})
+    recorded_dp = max(int(m.get("dp_size") or 1) for m in manifests)
+    trial = _new_trial(original, steps)
+    env = {
+        ENV_REPLAY_DIR: str(dump_dir),
+        ENV_REPLAY_STEPS: ",".join(map(str, steps)),
+        ENV_REPLAY_SOURCE: str(layout.run_dir),
+        ENV_REPLAY_VERIFIED: "1",
+    }
+    if request.unsafe_load:
+        env[ENV_REPLAY_UNSAFE] = "1"
+    if request.allow_config_change:
+        env[ENV_CONFIG_HASH] = ""
+    overrides = [
+        f"trial_name={trial}",
+        f"++launch.nproc_per_node={request.nproc or recorded_dp}",
+        "++watchdog.trajectory.enabled=false",
+    ]
+    overrides += [f"++launch.env.{name}={value}" for name, value in env.items()]
+    if isinstance(original.raw.get("trajectory_debug"), dict):
+        overrides += [
+            "++trajectory_debug.replay_rollout_data=true",
+            "++trajectory_debug.dump_rollout_data=false",
+            f"++trajectory_debug.path={dump_dir}",
+        ]
+    config = load_config(layout.launch_config, [*overrides, *request.overrides])
+    recorded_hash = next((m.get("config_hash") for m in manifests if m.get("config_hash")), None)
+    if (
+        recorded_hash
+        and not request.allow_config_change
+        and recorded_hash != config_hash(config.raw)
+    ):
+        raise UserError(
+            f"{available[steps[0]][0]}: recorded with another config (hash "
+            f"{recorded_hash}, the replay's {config_hash(config.raw)}); drop the "
+            "overrides that change the model or data, or pass --allow-config-change"
+        )
+    return config, steps
+
+
+def _new_trial(config: JobConfig, steps: list[int]) -> str:
+    span = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}to{steps[-1]}"
+    base = f"{config.trial_name}_replay{span}"
+    trial, counter = base, 2
+    while (Path(config.fileroot) / config.experiment_name / trial).exists():
+        trial, counter = f"{base}_{counter}", counter + 1
+    return trial

@@ -1,0 +1,3 @@
+"""Sidecar, stage 'watch': the loop, pure trigger decisions, incidents, coordination between nodes,
+progress.
+"""

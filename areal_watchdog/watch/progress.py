@@ -1,0 +1,197 @@
+"""How the watchdog knows the job is alive: step lines in logs, heartbeats, announced pauses.
+
+``StepLogTail`` follows log files from their end (AReaL re-uses logs across retries, so only new
+lines count) and reports step numbers; ``read_heartbeats`` reads the rank-side API's files;
+``StallClock`` turns progress into a stall decision, with a learned (``auto``) threshold.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from areal_watchdog.common.atomic import read_json
+from areal_watchdog.rundir.layout import RunLayout
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def find_step(line: str, regex: re.Pattern[str]) -> int | None:
+    """The step number on a log line (ANSI colours stripped; the last match wins)."""
+    last = None
+    for match in regex.finditer(ANSI_ESCAPE.sub("", line)):
+        last = match
+    if last is None:
+        return None
+    value = last.groupdict().get("step") or last.group(1)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass
+class _Cursor:
+    inode: int
+    offset: int
+    partial: bytes = b""
+
+
+class StepLogTail:
+    """Follow every file matching the glob patterns and return the step numbers of new lines."""
+
+    def __init__(self, patterns: list[str], step_regex: str) -> None:
+        self.patterns = patterns
+        self.regex = re.compile(step_regex)
+        self.cursors: dict[str, _Cursor] = {}
+        self._started = False
+
+    def poll(self) -> list[int]:
+        """Step numbers printed since the last call; files present at the first call start at
+        their end, files that appear later are read from their start."""
+        steps: list[int] = []
+        for path in self._paths():
+            try:
+                stat = os.stat(path)
+            except OSError:
+                continue
+            cursor = self.cursors.get(path)
+            if cursor is None:
+                start = stat.st_size if not self._started else 0
+                cursor = self.cursors[path] = _Cursor(stat.st_ino, start)
+            if cursor.inode != stat.st_ino or stat.st_size < cursor.offset:
+                cursor.inode, cursor.offset, cursor.partial = stat.st_ino, 0, b""  # rotated
+            if stat.st_size == cursor.offset:
+                continue
+            steps.extend(self._read_new(path, cursor))
+        self._started = True
+        return steps
+
+    def _paths(self) -> list[str]:
+        paths: set[str] = set()
+        for pattern in self.patterns:
+            paths.update(glob.glob(pattern, recursive=True))
+        return sorted(paths)
+
+    def _read_new(self, path: str, cursor: _Cursor) -> list[int]:
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(cursor.offset)
+                data = fh.read(4 * 1024 * 1024)
+        except OSError:
+            return []
+        cursor.offset += len(data)
+        data = cursor.partial + data
+        lines = data.split(b"\n")
+        cursor.partial = lines.pop()
+        steps = []
+        for raw in lines:
+            step = find_step(raw.decode("utf-8", errors="replace"), self.regex)
+            if step is not None:
+                steps.append(step)
+        return steps
+
+
+@dataclass
+class HeartbeatState:
+    """What the rank-side API says: the highest step and any pause still announced."""
+
+    max_step: int | None = None
+    pause_until: float = 0.0
+    pause_reason: str = ""
+
+
+def read_heartbeats(layout: RunLayout, run_id: str) -> HeartbeatState:
+    """Read every heartbeat and pause file of this run."""
+    state = HeartbeatState()
+    try:
+        names = os.listdir(layout.heartbeats_dir)
+    except OSError:
+        return state
+    for name in names:
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        record = read_json(layout.heartbeats_dir / name)
+        if not isinstance(record, dict) or record.get("run_id") != run_id:
+            continue
+        if name.startswith("pause_"):
+            until = float(record.get("until", 0))
+            if until > state.pause_until:
+                state.pause_until, state.pause_reason = until, str(record.get("reason", ""))
+            continue
+        step = record.get("step")
+        if isinstance(step, int) and (state.max_step is None or step > state.max_step):
+            state.max_step = step
+    return state
+
+
+@dataclass
+class StallClock:
+    """Decide when the job stalled: no new step for the threshold, paused time excluded.
+
+    ``stall_timeout=None`` means ``auto``: ``auto_factor`` times the largest observed step
+    interval, never below ``auto_min_timeout`` (``startup_timeout`` until an interval is seen).
+    """
+
+    stall_timeout: float | None
+    startup_timeout: float
+    auto_factor: float = 5.0
+    auto_min_timeout: float = 60.0
+    started_at: float = field(default_factory=time.time)
+    last_progress_at: float = 0.0
+    last_step: int | None = None
+    first_step_at: float | None = None
+    max_interval: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.last_progress_at = self.started_at
+
+    def step(self, step: int, now: float) -> bool:
+        """Record a step number; True when it is new progress (higher than any seen)."""
+        if self.last_step is not None and step <= self.last_step:
+            return False
+        if self.first_step_at is None:
+            self.first_step_at = now
+        elif self.last_step is not None:
+            self.max_interval = max(self.max_interval, now - self.last_progress_at)
+        self.last_step = step
+        self.last_progress_at = now
+        return True
+
+    def hold(self, now: float) -> None:
+        """An announced pause is in force: the silence so far does not count."""
+        self.last_progress_at = max(self.last_progress_at, now)
+
+    @property
+    def threshold(self) -> float:
+        if self.first_step_at is None:
+            return self.startup_timeout
+        if self.stall_timeout is not None:
+            return self.stall_timeout
+        if self.max_interval <= 0:
+            return max(self.startup_timeout, self.auto_min_timeout)
+        return max(self.auto_min_timeout, self.auto_factor * self.max_interval)
+
+    def silent_for(self, now: float) -> float:
+        return now - self.last_progress_at
+
+    def stalled(self, now: float) -> bool:
+        return self.silent_for(now) > self.threshold
+
+    def crossed_at(self) -> float:
+        """When the current silence crossed (or will cross) the threshold."""
+        return self.last_progress_at + self.threshold
+
+
+def default_log_patterns(
+    layout: RunLayout, fileroot: str, experiment: str, trial: str
+) -> list[str]:
+    """Rank 0's torchrun logs and AReaL's own log directory for this trial."""
+    return [
+        str(layout.torchrun_logs_dir / "*" / "*" / "attempt_*" / "0" / "std*.log"),
+        str(Path(fileroot) / "logs" / "*" / experiment / trial / "*.log"),
+    ]

@@ -1,8 +1,0 @@
-# --- areal-watchdog (rendered from launcher_templates/slurm_teardown.sh) ---
-# The job step ended. Before the batch script (and with it the job and every sidecar) ends, give
-# the leading sidecar up to ${conclude_seconds} s to conclude: it writes its last report, if any,
-# then finished.json. A node that vanished is only named once the others notice its silence.
-for areal_wait in $$(seq 1 $$((${conclude_seconds} * 2))); do
-  [ -e ${finished_file} ] && break
-  sleep 0.5
-done
