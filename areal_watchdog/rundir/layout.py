@@ -62,6 +62,17 @@ class RunLayout:
         return self.watch_dir / "flight_recorder"
 
     @property
+    def tasks_dir(self) -> Path:
+        """Asyncio task dumps: a trigger FIFO and a dump per watched process (by pid)."""
+        return self.watch_dir / "tasks"
+
+    def tasks_trigger(self, pid: int) -> Path:
+        return self.tasks_dir / f"trigger_{pid}"
+
+    def tasks_dump(self, pid: int) -> Path:
+        return self.tasks_dir / f"tasks_{pid}.json"
+
+    @property
     def status_dir(self) -> Path:
         """One status file per node, written by its sidecar."""
         return self.watch_dir / "status"

@@ -1,0 +1,33 @@
+"""Collect the pending asyncio tasks of this node's watched processes (``rank.task_listener``).
+
+Only processes the caller already verified as the job's own are asked: the pid names the
+trigger FIFO, and a dump counts only if it answers this request and comes from that pid.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from areal_watchdog.common.atomic import read_json
+from areal_watchdog.common.fifo import write_fifo
+from areal_watchdog.rundir.layout import RunLayout
+
+
+def collect(layout: RunLayout, pids: list[int], timeout: float) -> dict[int, dict[str, Any]]:
+    """Ask each listed process for its tasks; return the dumps that arrive within ``timeout``."""
+    request = f"{os.getpid()}-{time.time_ns()}"
+    asked = [pid for pid in pids if write_fifo(layout.tasks_trigger(pid), request)]
+    dumps: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    while asked and time.monotonic() < deadline and len(dumps) < len(asked):
+        for pid in asked:
+            record = pid not in dumps and read_json(layout.tasks_dump(pid))
+            if isinstance(record, dict) and (record.get("request"), record.get("pid")) == (
+                request,
+                pid,
+            ):
+                dumps[pid] = record
+        time.sleep(0.01)
+    return dumps
