@@ -68,6 +68,7 @@ class RankEvidence:
     gpu: dict[str, Any] | None = None  # the rank's GPU at detection: utilisation, power, state
     error: str | None = None  # why no stack could be taken
     log_tail: str = ""
+    tasks: list[dict[str, Any]] = field(default_factory=list)  # pending asyncio tasks (rank.tasks)
 
     def main_thread(self) -> ThreadStack | None:
         """The thread running the script: named MainThread, else the one rooted in <module>."""
@@ -91,6 +92,7 @@ class Evidence:
     unanswered_nodes: list[str] = field(default_factory=list)  # no evidence arrived in time
     lost_nodes: list[str] = field(default_factory=list)  # sidecar and ranks vanished
     flight_records: dict[str, dict[str, Any]] = field(default_factory=dict)  # rank -> trace
+    servers: list[dict[str, Any]] = field(default_factory=list)  # inference-server probes
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,6 +119,7 @@ class Evidence:
             unanswered_nodes=list(data.get("unanswered_nodes", [])),
             lost_nodes=list(data.get("lost_nodes", [])),
             flight_records=dict(data.get("flight_records", {})),
+            servers=list(data.get("servers", [])),
         )
 
 

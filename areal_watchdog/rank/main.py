@@ -10,7 +10,8 @@ preparing what the watchdog needs from inside the rank:
   no ptrace and answers while the main thread is blocked inside a collective;
 - ``prctl(PR_SET_PTRACER, ANY)`` so a sidecar that is not our ancestor may attach under Yama;
 - an exit record (returned, exit code, or exception with its traceback) for crash analysis;
-- the Flight Recorder listener (``flight_recorder.start_listener``) when the launcher asked for it.
+- the Flight Recorder listener (``flight_recorder.start_listener``) when the launcher asked for it;
+- the asyncio task listener (``rank.task_listener``): pending coroutines are on no thread's stack.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.evidence.flight_recorder import ENV_FLIGHT_RECORDER, start_listener
+from areal_watchdog.rank import task_listener
 from areal_watchdog.rundir.layout import ENV_NODE, ENV_RUN_ID, ENV_WATCH_DIR, RunLayout
 
 COOPERATIVE_SIGNAL = signal.SIGURG
@@ -110,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         _register(layout, rank)
         if os.environ.get(ENV_FLIGHT_RECORDER) == "1":
             start_listener(layout, rank)
+        task_listener.start(layout)
     try:
         _run_entrypoint(entry, args)
     except SystemExit as exc:

@@ -15,6 +15,7 @@ from areal_watchdog.evidence.flight_recorder import collect
 from areal_watchdog.evidence.gather import GatherSettings, gather_node
 from areal_watchdog.evidence.gpu import GpuBackend, IdleTracker, NoGpu
 from areal_watchdog.evidence.model import RankEvidence
+from areal_watchdog.evidence.rollout import gather_rollout
 from areal_watchdog.rundir.layout import RunLayout
 
 DISCOVERY_EVERY = 10  # polls between full environment scans once all local ranks are known
@@ -102,6 +103,15 @@ class NodeWatch:
             self.log(f"GPU sampling failed: {exc}")
             return
         self.gpus.update(samples, {w.proc.pid for w in self.live.values()}, now)
+
+    def rollout(self, items: list[RankEvidence], timeout: float) -> list[dict[str, Any]]:
+        """Attach each live rank's pending asyncio tasks; return the inference-server probes."""
+        pids = [w.proc.pid for w in self.live.values()]
+        dumps, servers = gather_rollout(self.layout, pids, timeout)
+        for item in items:
+            if item.pid in dumps:
+                item.tasks = dumps[item.pid].get("tasks", [])
+        return servers
 
     def flight_records(self, timeout: float) -> dict[str, dict[str, Any]]:
         """Each live rank's Flight Recorder trace (keyed by rank as a string, as in JSON)."""

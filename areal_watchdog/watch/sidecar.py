@@ -52,6 +52,7 @@ from areal_watchdog.watch.progress import (
 
 NOTIFY_FINISH_TIMEOUT = 30.0  # seconds to finish sending before the rest waits in the spool
 FLIGHT_RECORDER_TIMEOUT = 2.0  # seconds to wait for the ranks' Flight Recorder dumps
+ROLLOUT_TIMEOUT = 2.0  # seconds to wait for asyncio task dumps and server probes
 FOLLOWER_LINGER = 60.0  # seconds a finished follower keeps answering a leader that has not finished
 
 
@@ -229,8 +230,10 @@ class Sidecar:
         if request.get("by") == self.node:
             return  # the leader gathers its own node directly
         items, traces, _ = self.local_evidence()
+        servers = self.watch.rollout(items, ROLLOUT_TIMEOUT)
         self.coordinator.answer(
-            request["id"], {"ranks": [asdict(r) for r in items], "flight_records": traces}
+            request["id"],
+            {"ranks": [asdict(r) for r in items], "flight_records": traces, "servers": servers},
         )
         self.log(f"answered evidence request {request['id']} ({len(items)} ranks)")
 
@@ -403,6 +406,7 @@ class Sidecar:
         request_id = self.coordinator.request_evidence(trigger) if peers else ""
         self.answered.add(request_id)
         items, traces, self.last_fr_seconds = self.local_evidence()
+        servers = self.watch.rollout(items, ROLLOUT_TIMEOUT)
         answers = (
             self.coordinator.collect(request_id, peers, self.info.watchdog.evidence_timeout)
             if peers
@@ -411,6 +415,7 @@ class Sidecar:
         for answer in answers.values():
             items += [Evidence.rank_from_dict(r) for r in answer.get("ranks", [])]
             traces.update(answer.get("flight_records") or {})
+            servers += [s for s in answer.get("servers") or [] if s not in servers]
         known_nodes = {
             int(r): node
             for node, status in self.statuses.items()
@@ -430,6 +435,7 @@ class Sidecar:
             unanswered_nodes=sorted(unanswered),
             lost_nodes=sorted(lost),
             flight_records=traces,
+            servers=servers,
         )
 
     def incident(
