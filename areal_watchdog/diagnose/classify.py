@@ -14,6 +14,7 @@ from typing import Any
 
 from areal_watchdog.common.rankset import ranks_phrase
 from areal_watchdog.diagnose.collectives import analyse
+from areal_watchdog.diagnose.rollout import RolloutFinding, rollout_finding
 from areal_watchdog.evidence.model import (
     BLOCKED,
     EXITED,
@@ -35,6 +36,8 @@ CATEGORIES = (
     "p2p_mismatch",
     "rank_crashed",
     "node_lost",
+    "rollout_stalled",
+    "weight_sync_stuck",
     "unknown",
 )
 
@@ -145,13 +148,16 @@ class Verdict:
     groups: list[StackGroup] = field(default_factory=list)
     culprit_nodes: list[str] = field(default_factory=list)
     collectives: dict[str, Any] | None = None  # the Flight Recorder analysis, when available
+    cause: str | None = None  # rollout_stalled: why the rollouts do not come
+    culprit_workers: list[dict[str, Any]] = field(default_factory=list)  # culprits, not ranks
 
 
 def classify(evidence: Evidence) -> Verdict:
     """Classify a stall or failure; never raises on odd evidence, falls back to ``unknown``."""
     activities = {r.rank: describe(r) for r in evidence.ranks}
     groups = _group(evidence.ranks, activities)
-    verdict = _decide(evidence, activities)
+    finding = rollout_finding(evidence)
+    verdict = _from_finding(finding) if finding else _decide(evidence, activities)
     verdict.groups = groups
     _weigh_collectives(verdict, evidence)
     nodes = {r.rank: r.node for r in evidence.ranks}
@@ -160,6 +166,17 @@ def classify(evidence: Evidence) -> Verdict:
         culprit_nodes |= set(evidence.lost_nodes)
     verdict.culprit_nodes = sorted(culprit_nodes)
     return verdict
+
+
+def _from_finding(finding: RolloutFinding) -> Verdict:
+    return Verdict(
+        category=finding.category,
+        confidence=finding.confidence,
+        culprit_ranks=finding.culprit_ranks,
+        summary=finding.summary,
+        cause=finding.cause,
+        culprit_workers=finding.culprit_workers,
+    )
 
 
 HANG_CATEGORIES = (

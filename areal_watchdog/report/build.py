@@ -23,6 +23,7 @@ from areal_watchdog.diagnose.classify import Verdict, describe
 from areal_watchdog.evidence.model import EXITED, Evidence, RankEvidence
 
 SCHEMA_VERSION = 1
+SERVER_FIELDS = ("address", "state", "health_s", "running", "queued", "gen_throughput", "paused")
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 
 
@@ -73,6 +74,8 @@ def build_report(
         "confidence": round(verdict.confidence, 2),
         "culprit_ranks": verdict.culprit_ranks,
         "culprit_nodes": verdict.culprit_nodes,
+        "culprit_workers": verdict.culprit_workers,
+        "cause": verdict.cause,
         "summary": verdict.summary,
         "trigger": ctx.trigger,
         "action": ctx.action,
@@ -98,6 +101,7 @@ def build_report(
         ],
         "unanswered_nodes": evidence.unanswered_nodes,
         "collectives": verdict.collectives,
+        "servers": [{k: s.get(k) for k in SERVER_FIELDS} for s in evidence.servers],
         "trajectory": ctx.trajectory,
         "timings": ctx.timings,
         "files": {
@@ -176,6 +180,31 @@ def _stack_text(rank: RankEvidence) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _worker_lines(report: dict[str, Any]) -> list[str]:
+    """The cause and the culprits that are not ranks (inference servers, AReaL workers)."""
+    lines = [f"- Cause: `{report['cause']}`"] if report.get("cause") else []
+    workers = [
+        " ".join(str(w[k]) for k in ("role", "index", "address", "node", "pid") if w.get(k))
+        + (f" ({w['state']})" if w.get("state") else "")
+        for w in report.get("culprit_workers") or []
+    ]
+    if workers:
+        lines.append(f"- Culprit workers: {'; '.join(workers)}")
+    return lines
+
+
+def _server_lines(report: dict[str, Any]) -> list[str]:
+    servers = report.get("servers") or []
+    if not servers:
+        return []
+    lines = ["", "## Inference servers", "", "| " + " | ".join(SERVER_FIELDS) + " |"]
+    lines.append("|" + "---|" * len(SERVER_FIELDS))
+    for server in servers:
+        cells = ["-" if server.get(k) is None else str(server[k]) for k in SERVER_FIELDS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """A report a person reads first: verdict, groups, ranks, then where the files are."""
     job = report["job"]
@@ -186,6 +215,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"**{report['summary']}**",
         "",
         f"- Culprit ranks: {culprits}; nodes: {', '.join(report['culprit_nodes']) or '-'}",
+        *_worker_lines(report),
         f"- Confidence: {report['confidence']}",
         f"- Job: {job['experiment_name']}/{job['trial_name']} ({job['backend']}"
         f"{', job ' + str(job['job_id']) if job['job_id'] else ''}), world size "
@@ -218,6 +248,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         )
     if report.get("unanswered_nodes"):
         lines += ["", f"Nodes that did not answer: {', '.join(report['unanswered_nodes'])}"]
+    lines += _server_lines(report)
     collectives = report.get("collectives")
     if collectives:
         lines += ["", "## Collectives (Flight Recorder)", ""]
