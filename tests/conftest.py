@@ -15,6 +15,7 @@ from pathlib import Path
 import jsonschema
 import psutil
 import pytest
+import yaml
 
 from areal_watchdog.report.build import load_schema
 
@@ -104,7 +105,8 @@ class Launcher:
             env={**os.environ, **(env or {})},
         )
         self.popens.append(proc)
-        return proc, self.root / "hang-demo" / trial
+        experiment = yaml.safe_load(config.read_text()).get("experiment_name", "hang-demo")
+        return proc, self.root / experiment / trial
 
     def run(self, overrides: list[str], *, timeout: float = 150, **kwargs: object) -> LaunchResult:
         """Run ``areal-launch`` to its end."""

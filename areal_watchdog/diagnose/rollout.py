@@ -38,6 +38,9 @@ _WEIGHT_SYNC = re.compile(
     r"broadcast_weights|_update_bucket_weights|upload_weights",
     re.I,
 )
+EPISODE_CALLS = frozenset(
+    {"_execute_workflow", "arun_episode", "agenerate", "arequest_with_retry", "generate"}
+)
 _CAPACITY = re.compile(r"capacity|staleness", re.I)
 _REJECTED = re.compile(r"rejected|episode failed|workflow.*(failed|error)", re.I)
 REJECTIONS_FOR_FAILING = 3  # rejection lines in one rank's log tail that mean "every episode"
@@ -78,7 +81,8 @@ def _weight_sync(evidence: Evidence, syncing: dict[int, Frame]) -> RolloutFindin
         if idle
         else "the inference side is not transferring"
     )
-    rest = f"; {ranks_phrase(others)} wait for {_them(ranks)}" if others else ""
+    verb = "waits" if len(others) == 1 else "wait"
+    rest = f"; {ranks_phrase(others)} {verb} for {_them(ranks)}" if others else ""
     return RolloutFinding(
         "weight_sync_stuck",
         None,
@@ -128,15 +132,6 @@ def _cause(
             f"the inference server {_addresses(paused)} is paused (generation paused for a weight "
             f"update and never resumed?) with {queued} request(s) queued",
         )
-    in_flight = [t for r in evidence.ranks for t in r.tasks if t.get("awaiting")]
-    if any(_CAPACITY.search(f.name) for f in waiting.values()) and not in_flight:
-        return (
-            "staleness_blocked",
-            0.8,
-            [],
-            "the staleness control leaves no capacity to start a rollout and none is in flight "
-            "(check max_head_offpolicyness and max_concurrent_rollouts per rollout worker)",
-        )
     rejected = max((len(_REJECTED.findall(r.log_tail)) for r in evidence.ranks), default=0)
     if rejected >= REJECTIONS_FOR_FAILING:
         return (
@@ -146,7 +141,25 @@ def _cause(
             f"episodes keep failing and being rejected ({rejected} rejections in one log tail), "
             "so the batch never fills",
         )
+    capacity_wait = [
+        r
+        for r in evidence.ranks
+        if r.rank in waiting and _first(r, lambda f: _CAPACITY.search(f.name))
+    ]
+    if capacity_wait and not any(_is_episode(t) for r in evidence.ranks for t in r.tasks):
+        return (
+            "staleness_blocked",
+            0.8,
+            [],
+            "the staleness control leaves no capacity to start a rollout and none is in flight "
+            "(check max_head_offpolicyness and max_concurrent_rollouts per rollout worker)",
+        )
     return "unknown", 0.4, [], "the inference servers look healthy; read the task dumps"
+
+
+def _is_episode(task: dict[str, Any]) -> bool:
+    """A pending rollout: some link of its await chain is an episode or generation call."""
+    return any(link["name"].rsplit(".", 1)[-1] in EPISODE_CALLS for link in task.get("chain", []))
 
 
 def _looks_paused(server: dict[str, Any], awaited: set[str]) -> bool:

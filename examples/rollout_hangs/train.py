@@ -198,10 +198,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", required=True)
     cfg = yaml.safe_load(Path(parser.parse_args().config).read_text())["demo"]
+    local_rank_0 = os.environ.get("LOCAL_RANK", "0") == "0"
+    server = start_server(int(cfg["server_port"]), cfg["hang"]) if local_rank_0 else None
+    try:
+        train(cfg, server)
+    finally:
+        if server is not None:
+            server.kill()
+
+
+def train(cfg: dict, server: subprocess.Popen | None) -> None:
+    """The loop: collect a batch of rollouts, take a step, update the inference weights."""
     hang, hang_step = cfg["hang"], int(cfg["hang_step"])
     addr = f"127.0.0.1:{cfg['server_port']}"
-    if int(os.environ["LOCAL_RANK"]) == 0:
-        start_server(int(cfg["server_port"]), hang)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=3600))
     rank, world = dist.get_rank(), dist.get_world_size()
     limit = int(cfg["max_concurrent_rollouts"]) // (world if hang == "staleness_blocked" else 1)
@@ -212,8 +221,8 @@ def main() -> None:
     optim = torch.optim.SGD(model.parameters(), lr=0.01)
     steps = int(cfg["steps"])
     for step in range(1, steps + 1):
-        if hang == "inference_dead" and step == hang_step and rank == 0:
-            subprocess.run(["pkill", "-9", "-f", f"sglang_standin.py --port {cfg['server_port']}"])
+        if hang == "inference_dead" and step == hang_step and server is not None:
+            server.kill()  # the inference server dies (out of memory, a CUDA error, ...)
         batch = executor.prepare_batch(int(cfg["batch"]), version=step - 1)
         x = torch.tensor([[len(b["ids"]), b["reward"], step, 1.0] for b in batch])
         loss = model(x).pow(2).mean()
@@ -223,9 +232,8 @@ def main() -> None:
         if rank == 0:
             if hang == "weight_sync_stuck" and step == hang_step:
                 update_weights_from_distributed(model.module, int(cfg["server_port"]) + 1)
-            update_weights_from_disk(
-                addr, skip_resume=hang == "inference_paused" and step == hang_step
-            )
+            forget_resume = hang == "inference_paused" and step == hang_step
+            update_weights_from_disk(addr, skip_resume=forget_resume)
             print(
                 f"(AReaL) StatsLogger INFO: Epoch 1/1 Step {step}/{steps} "
                 f"{GREEN}Train step {step}/{steps} done.{RESET}",

@@ -1,0 +1,173 @@
+"""Hangs on the rollout side of RL training, caught end to end and from recorded evidence.
+
+The real runs use ``examples/rollout_hangs`` (AReaL's rollout shape, a real async HTTP client)
+against ``examples/inference_server/sglang_standin.py`` on 127.0.0.1: what the user reads is
+the category, the cause and the culprit server, and the stuck coroutine chain in the evidence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from areal_watchdog.diagnose.classify import classify
+from areal_watchdog.evidence.model import Evidence
+from areal_watchdog.evidence.servers import probe
+from areal_watchdog.rank.tasks import TaskClock, snapshot
+from conftest import REPO, Launcher
+
+CONFIG = REPO / "examples" / "rollout_hangs" / "config.yaml"
+STANDIN = REPO / "examples" / "inference_server" / "sglang_standin.py"
+RECORDED = Path(__file__).parent / "data" / "rollout"
+FAST = [
+    "watchdog.stall_timeout=4",
+    "watchdog.startup_timeout=12",
+    "watchdog.poll_interval=0.25",
+    "watchdog.on_hang=cancel",
+]
+
+# demo.hang, expected category, expected cause, is the server a culprit worker
+CASES = [
+    ("inference_paused", "rollout_stalled", "inference_paused", True),
+    ("inference_dead", "rollout_stalled", "inference_unreachable", True),
+    ("inference_wedged", "rollout_stalled", "inference_wedged", True),
+    ("staleness_blocked", "rollout_stalled", "staleness_blocked", False),
+    ("workflow_failing", "rollout_stalled", "workflow_failing", False),
+    ("weight_sync_stuck", "weight_sync_stuck", None, True),
+]
+
+
+def free_port_pair() -> int:
+    """A port P with P and P+1 free on 127.0.0.1 (the server and the weight-sync store)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no free port pair")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("hang", "category", "cause", "server_named"), CASES)
+def test_rollout_hang_is_caught_with_its_cause(
+    launcher: Launcher, hang: str, category: str, cause: str | None, server_named: bool
+) -> None:
+    port = free_port_pair()
+    result = launcher.run(
+        [*FAST, f"demo.hang={hang}", f"demo.server_port={port}"], config=CONFIG, trial=hang
+    )
+    assert result.returncode == 3, result.output[-3000:]
+    (report,) = result.reports
+    assert report["category"] == category, report["summary"]
+    assert report["cause"] == cause, report["summary"]
+    address = f"127.0.0.1:{port}"
+    named = [w["address"] for w in report["culprit_workers"]]
+    assert (named == [address]) == server_named, report["culprit_workers"]
+    if category == "weight_sync_stuck":
+        assert report["culprit_ranks"] == [0]
+        assert "update_weights_from_distributed" in report["summary"]
+    else:
+        assert report["culprit_ranks"] == []
+        assert "prepare_batch" in report["summary"]
+    if hang == "inference_paused":
+        assert f"{address} is paused" in report["summary"]
+        evidence = json.loads(Path(report["files"]["evidence"]).read_text())
+        chains = [
+            [link["name"] for link in task["chain"]]
+            for rank in evidence["ranks"]
+            for task in rank["tasks"]
+            if task["awaiting"] == address
+        ]
+        assert any(
+            c[:4]
+            == [
+                "WorkflowExecutor._execute_workflow",
+                "Workflow.arun_episode",
+                "Workflow.agenerate",
+                "arequest_with_retry",
+            ]
+            for c in chains
+        ), chains
+        assert "## Inference servers" in Path(report["files"]["report_md"]).read_text()
+
+
+@pytest.mark.parametrize("path", sorted(RECORDED.glob("*.json")), ids=lambda p: p.stem)
+def test_recorded_rollout_evidence(path: Path) -> None:
+    """Evidence recorded from the real runs above: the file name is the expected cause."""
+    verdict = classify(Evidence.from_dict(json.loads(path.read_text())))
+    assert (verdict.category, verdict.cause) == ("rollout_stalled", path.stem)
+    assert verdict.culprit_ranks == []
+
+
+def test_recorded_rollout_causes_are_all_covered() -> None:
+    assert {p.stem for p in RECORDED.glob("*.json")} == {c[2] for c in CASES if c[2]}
+
+
+def test_task_snapshot_names_the_awaited_server_and_the_wait() -> None:
+    """A coroutine stuck on a server that accepts and never answers, read from another thread."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    async def agenerate(addr: str) -> bytes:
+        host, port = addr.split(":")
+        reader, _writer = await asyncio.open_connection(host, int(port))
+        return await reader.readline()
+
+    future = asyncio.run_coroutine_threadsafe(agenerate(address), loop)
+    try:
+        clock = TaskClock()
+        time.sleep(0.3)
+        snapshot(clock)
+        time.sleep(0.5)
+        dump = snapshot(clock)
+        (task,) = [t for t in dump["tasks"] if t["chain"][0]["name"].endswith("agenerate")]
+        assert task["awaiting"] == address
+        assert task["chain"][-1]["name"] == "StreamReader._wait_for_data"
+        assert task["pending_s"] >= 0.4
+    finally:
+        future.cancel()
+        loop.call_soon_threadsafe(loop.stop)
+        server.close()
+
+
+def test_probe_reads_a_paused_server_without_changing_it() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, str(STANDIN), "--port", str(port)])
+    try:
+        address = f"127.0.0.1:{port}"
+        for _ in range(100):
+            if probe(address, 0.5)["state"] == "up":
+                break
+            time.sleep(0.05)
+        assert probe(address, 0.5)["paused"] is False
+        import urllib.request
+
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        opener.open(urllib.request.Request(f"http://{address}/pause_generation", b"{}"), timeout=2)
+        first, second = probe(address, 0.5), probe(address, 0.5)
+        assert first["state"] == second["state"] == "up"
+        assert first["paused"] is second["paused"] is True
+    finally:
+        proc.kill()
+        proc.wait()
+    gone = probe(address, 0.5)
+    assert gone["state"] == "unreachable"
