@@ -1,0 +1,58 @@
+"""Preflight: AReaL config traps that hang later are found before launch, each with its fix."""
+
+from __future__ import annotations
+
+import copy
+
+from areal_watchdog.config.preflight import preflight
+
+# The parts of AReaL's own examples/math/gsm8k_grpo.yaml (1.0) that preflight reads.
+GSM8K = {
+    "cluster": {"n_nodes": 1, "n_gpus_per_node": 8},
+    "rollout": {
+        "backend": "sglang:d4p1t1",
+        "max_concurrent_rollouts": 256,
+        "consumer_batch_size": 256,
+        "max_head_offpolicyness": 2,
+    },
+    "actor": {"backend": "fsdp:d4p1t1"},
+}
+
+
+def config(**changes: object) -> dict:
+    tree = copy.deepcopy(GSM8K)
+    for dotted, value in changes.items():
+        section, key = dotted.split("__")
+        tree[section][key] = value
+    return tree
+
+
+def test_areal_example_config_has_no_trap() -> None:
+    assert preflight(GSM8K, watchdog=True, stall_threshold="600 s") == []
+
+
+def test_zero_capacity_per_rollout_worker_is_an_error_with_the_fix() -> None:
+    (finding,) = preflight(
+        config(rollout__max_concurrent_rollouts=2), watchdog=True, stall_threshold="600 s"
+    )
+    assert finding.level == "error"
+    assert finding.key == "rollout.max_concurrent_rollouts"
+    assert "leaves each worker 0" in finding.message and "at least 4" in finding.message
+
+
+def test_more_gpus_than_the_cluster_is_an_error_fewer_a_warning() -> None:
+    (more,) = preflight(config(actor__backend="fsdp:d8"), watchdog=True, stall_threshold="1 s")
+    assert (more.level, more.key) == ("error", "rollout.backend + actor.backend")
+    assert "12 GPUs" in more.message and "1 x 8 = 8" in more.message
+    (fewer,) = preflight(config(actor__backend="fsdp:d2"), watchdog=True, stall_threshold="1 s")
+    assert fewer.level == "warning" and "2 stay idle" in fewer.message
+
+
+def test_without_the_watchdog_the_two_hour_timeout_is_named_with_our_threshold() -> None:
+    (finding,) = preflight(GSM8K, watchdog=False, stall_threshold="600 s")
+    assert finding.level == "warning"
+    assert "7,200 s" in finding.message and "600 s" in finding.message
+
+
+def test_plain_torchrun_configs_are_not_checked() -> None:
+    assert preflight({"cluster": {"n_nodes": 1}}, watchdog=False, stall_threshold="8 s") == []
