@@ -25,22 +25,11 @@ from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.rankset import format_ranks
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.config.load import JobConfig, load_config
-from areal_watchdog.launch.local import (
-    EXIT_INTERRUPTED,
-    EXIT_JOB_FAILED,
-    EXIT_USAGE,
-    build_local_plan,
-    execute_local_plan,
-)
-from areal_watchdog.launch.slurm.backend import (
-    build_slurm_plan,
-    cancel_job,
-    job_state,
-    node_statuses,
-    resolve_job,
-    submit_slurm_plan,
-    wait_for_job,
-)
+from areal_watchdog.config.preflight import preflight
+from areal_watchdog.launch.backend import backend
+from areal_watchdog.launch.exit_codes import ExitCode
+from areal_watchdog.launch.local import LocalBackend
+from areal_watchdog.launch.slurm.jobs import cancel_job, job_state, node_statuses, resolve_job
 from areal_watchdog.notify.delivery import delivery_id, send
 from areal_watchdog.notify.notifier import deliver_spooled, render, secret_values
 from areal_watchdog.notify.sinks import SecretError, SinkSpec, resolve
@@ -68,6 +57,11 @@ def _launch_parser(backend: str) -> argparse.ArgumentParser:
         action="store_true",
         help="print the plan (commands, environment, files) and start nothing",
     )
+    parser.add_argument(
+        "--ignore-preflight",
+        action="store_true",
+        help="launch even if the config has a trap that will hang it (docs/configuration.md)",
+    )
     return parser
 
 
@@ -91,47 +85,41 @@ def flush_spool(run_dir: str, log: Callable[[str], None] = print) -> None:
         log(f"[areal-launch] spooled notifications: {sent} delivered, {left} still pending")
 
 
-def cmd_local(argv: list[str], watchdog: bool) -> int:
-    args = _launch_parser("local").parse_intermixed_args(argv)
+def run_preflight(config: JobConfig, watchdog: bool, ignore: bool) -> None:
+    """Say every AReaL config trap; refuse to launch on a real one unless told to go on."""
+    wd = config.watchdog
+    threshold = "an automatic threshold" if wd.stall_timeout is None else f"{wd.stall_timeout:g} s"
+    findings = preflight(config.raw, watchdog, threshold)
+    for finding in findings:
+        level = "warning" if finding.level == "warning" or ignore else "error"
+        print(f"[areal-launch] {level}: {finding.line(config.source)}", file=sys.stderr)
+    if any(f.level == "error" for f in findings) and not ignore:
+        raise UserError(
+            f"{config.source}: the config would hang (see above); fix it, or pass "
+            "--ignore-preflight to launch anyway"
+        )
+
+
+def cmd_launch(name: str, argv: list[str], watchdog: bool) -> int:
+    """``local`` and ``slurm``: one path for every backend, the dry run included."""
+    parser = _launch_parser(name)
+    if name == "slurm":
+        parser.add_argument(
+            "--wait", action="store_true", help="follow the job; the exit code says how it ended"
+        )
+    args = parser.parse_intermixed_args(argv)
     config = load_config(args.config, args.overrides)
     enabled = watchdog or args.watchdog or config.watchdog.enabled
-    plan = build_local_plan(config, enabled)
+    run_preflight(config, enabled, args.ignore_preflight)
+    target = backend(name, wait=getattr(args, "wait", False))
+    plan = target.plan(config, enabled)
     if args.dry_run:
         print(plan.render())
         return 0
     if enabled:
         check_sinks(config)
     flush_spool(plan.run_dir)
-    return execute_local_plan(plan)
-
-
-def cmd_slurm(argv: list[str], watchdog: bool) -> int:
-    parser = _launch_parser("slurm")
-    parser.add_argument(
-        "--wait", action="store_true", help="follow the job; the exit code says how it ended"
-    )
-    args = parser.parse_intermixed_args(argv)
-    config = load_config(args.config, args.overrides)
-    enabled = watchdog or args.watchdog or config.watchdog.enabled
-    slurm_plan = build_slurm_plan(config, enabled)
-    if args.dry_run:
-        print(slurm_plan.plan.render())
-        return 0
-    if enabled:
-        check_sinks(config)
-    flush_spool(slurm_plan.plan.run_dir)
-    job_id = submit_slurm_plan(slurm_plan)
-    print(
-        f"[areal-launch] submitted job {job_id}\n"
-        f"  run dir: {slurm_plan.plan.run_dir}\n"
-        f"  logs:    {slurm_plan.submitit_folder}/{job_id}_*_log.out, "
-        f"{RunLayout(Path(slurm_plan.plan.run_dir)).logs_dir}\n"
-        f"  follow:  areal-launch status {job_id}",
-        flush=True,
-    )
-    if not args.wait:
-        return 0
-    return wait_for_job(job_id, Path(slurm_plan.plan.run_dir))
+    return target.execute(plan, sys.stdout)
 
 
 def _job_target(command: str, description: str, argv: list[str]) -> tuple[str, Path | None]:
@@ -232,7 +220,8 @@ def cmd_replay(argv: list[str], _watchdog: bool) -> int:
         tuple(args.overrides),
     )
     config, steps = plan_replay_config(request)
-    plan = build_local_plan(config, watchdog=True)
+    local = LocalBackend()
+    plan = local.plan(config, watchdog=True)
     if args.dry_run:
         print(f"replaying step(s) {format_ranks(steps)} of {args.run_dir}\n")
         print(plan.render())
@@ -244,7 +233,7 @@ def cmd_replay(argv: list[str], _watchdog: bool) -> int:
         f"{config.trial_name} ({config.launch.nproc_per_node} ranks, rollout bypassed)",
         flush=True,
     )
-    return execute_local_plan(plan)
+    return local.execute(plan, sys.stdout)
 
 
 def cmd_notify_test(argv: list[str], _watchdog: bool) -> int:
@@ -274,12 +263,12 @@ def cmd_notify_test(argv: list[str], _watchdog: bool) -> int:
         )
         print(f"{spec.name} ({spec.type}): {outcome.describe()}")
         failures += not outcome.delivered
-    return EXIT_JOB_FAILED if failures else 0
+    return ExitCode.JOB_FAILED if failures else ExitCode.OK
 
 
 HANDLERS: dict[str, Callable[[list[str], bool], int]] = {
-    "local": cmd_local,
-    "slurm": cmd_slurm,
+    "local": lambda argv, watchdog: cmd_launch("local", argv, watchdog),
+    "slurm": lambda argv, watchdog: cmd_launch("slurm", argv, watchdog),
     "status": cmd_status,
     "cancel": cmd_cancel,
     "replay": cmd_replay,
@@ -305,9 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         return HANDLERS[args.command](args.rest, args.watchdog)
     except UserError as exc:
         print(f"areal-launch: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        return ExitCode.INTERRUPTED
 
 
 if __name__ == "__main__":

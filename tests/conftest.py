@@ -106,6 +106,9 @@ class Launcher:
         )
         self.popens.append(proc)
         experiment = yaml.safe_load(config.read_text()).get("experiment_name", "hang-demo")
+        for override in overrides:
+            if override.startswith("experiment_name="):
+                experiment = override.split("=", 1)[1]
         return proc, self.root / experiment / trial
 
     def run(self, overrides: list[str], *, timeout: float = 150, **kwargs: object) -> LaunchResult:

@@ -15,7 +15,8 @@ import shutil
 import pytest
 
 from areal_watchdog.config.load import load_config
-from areal_watchdog.launch.local import EXIT_HANG_CANCELLED, build_local_plan, execute_local_plan
+from areal_watchdog.launch.exit_codes import ExitCode
+from areal_watchdog.launch.local import LocalBackend
 from conftest import DEMO_CONFIG, FAST, Launcher, read_reports
 
 pytestmark = [
@@ -40,15 +41,15 @@ def test_stacks_without_ptrace_come_from_faulthandler(launcher: Launcher) -> Non
             "demo.hang_step=2",
         ],
     )
-    plan = build_local_plan(config, watchdog=True)
+    plan = LocalBackend().plan(config, watchdog=True)
     job, sidecar = plan.processes
     unprivileged = dataclasses.replace(
         sidecar, argv=["setpriv", "--bounding-set", "-sys_ptrace", *sidecar.argv]
     )
     plan = dataclasses.replace(plan, processes=[job, unprivileged])
     out = io.StringIO()
-    code = execute_local_plan(plan, out=out)
-    assert code == EXIT_HANG_CANCELLED, out.getvalue()[-3000:]
+    code = LocalBackend().execute(plan, out)
+    assert code == ExitCode.HANG_CANCELLED, out.getvalue()[-3000:]
     (report,) = read_reports(config.run_dir)
     assert report["category"] == "collective_mismatch"
     assert report["culprit_ranks"] == [1]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from areal_watchdog.cli import main
-from areal_watchdog.launch.slurm.backend import job_state
+from areal_watchdog.launch.slurm.jobs import job_state
 from conftest import REPO, processes_under, read_reports
 from slurm_cluster import bring_up, job_processes, slurm_env, tear_down, wait_until
 

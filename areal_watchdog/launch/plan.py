@@ -1,12 +1,12 @@
 """A launch as plain data: the commands, environment and files, built before anything runs.
 
-``--dry-run`` prints it; tests inspect it; the backends execute it.
+``--dry-run`` prints it; tests inspect it; the backend that built it executes the same object.
 """
 
 from __future__ import annotations
 
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from areal_watchdog.common.redact import Redactor
@@ -33,9 +33,7 @@ class LaunchPlan:
     processes: list[ProcessSpec]
     reset_paths: list[str] = field(default_factory=list)  # stale state of an earlier launch
     notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    payload: Any = field(default=None, repr=False)  # the backend's own (Slurm: the submission)
 
     def render(self, redactor: Redactor | None = None) -> str:
         """The human-readable plan that ``--dry-run`` prints (secrets redacted)."""

@@ -95,6 +95,22 @@ class RunLayout:
         """Notifications that could not be delivered yet."""
         return self.watch_dir / "spool"
 
+    def live_dirs(self) -> list[Path]:
+        """The directories a launch creates before anything starts."""
+        return [
+            self.ranks_dir,
+            self.heartbeats_dir,
+            self.logs_dir,
+            self.status_dir,
+            self.incidents_dir,
+            self.flight_recorder_dir,
+        ]
+
+    @property
+    def interrupted_file(self) -> Path:
+        """Written by the launcher when the user interrupts it: an ending, not a failure."""
+        return self.watch_dir / "interrupted.json"
+
     @property
     def cancel_file(self) -> Path:
         """Written by a sidecar before it ends a hung job (``on_hang: cancel``)."""

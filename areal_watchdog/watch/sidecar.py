@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,7 @@ class Sidecar:
         self.cancelling = False
         self.last_fr_seconds = 0.0
         self.suspected = False  # "stall suspected" said for the current silence
+        self.pause_said = 0.0  # the end of the announced pause already said
 
     # ----------------------------------------------------------------- output
     def say(self, message: str) -> None:
@@ -157,7 +159,7 @@ class Sidecar:
             f"(startup {wd.startup_timeout:g} s)"
         )
         while not self.done and not self.stopping:
-            self.poll(time.time())
+            self.guarded_poll(time.time())
             if self.done:
                 break
             wait = min(wd.poll_interval, max(0.01, self.clock.crossed_at() - time.time() + 0.01))
@@ -166,6 +168,15 @@ class Sidecar:
             self.on_job_ending()
         self.notifier.close(timeout=NOTIFY_FINISH_TIMEOUT)
         return 0
+
+    def guarded_poll(self, now: float) -> None:
+        """A poll whose failure (a full disk, a deleted file, a bug) is logged, said once, and
+        survived: a sidecar that dies leaves the job unwatched."""
+        try:
+            self.poll(now)
+        except Exception as exc:  # noqa: BLE001 - the watchdog must outlive its own errors
+            self.log("poll failed:\n" + traceback.format_exc())
+            self.say(f"watchdog error, still watching: {type(exc).__name__}: {exc}")
 
     def poll(self, now: float) -> None:
         """One observation; the leader may write an incident."""
@@ -207,10 +218,12 @@ class Sidecar:
         progressed = [s for s in steps if self.clock.step(s, now)]
         if beats.pause_until > now:
             self.clock.hold(now)
-            self.say(
-                f"pause announced ({beats.pause_reason or 'no reason given'}): "
-                f"stall detection suspended for up to {beats.pause_until - now:.0f} s"
-            )
+            if beats.pause_until != self.pause_said:
+                self.pause_said = beats.pause_until
+                self.say(
+                    f"pause announced ({beats.pause_reason or 'no reason given'}): "
+                    f"stall detection suspended for up to {beats.pause_until - now:.0f} s"
+                )
         if progressed:
             self.suspected = False
             if self.stall_reported:
@@ -257,8 +270,8 @@ class Sidecar:
         if len(exits) + len(lost) >= len(self.nodes):
             self.finish(exits)
             return
-        if self.cancelling:
-            return
+        if self.cancelling or self.interrupted():
+            return  # the job is being ended on purpose: exits are no failures
         alive = self.alive_ranks()
         gone = self.gone_ranks()
         if gone and alive and not self.crash_reported:
@@ -323,6 +336,11 @@ class Sidecar:
         """The nodes whose job ended, with their exit records."""
         return {n: r for n in self.nodes if (r := self.exit_record(n)) is not None}
 
+    def interrupted(self) -> bool:
+        """The user interrupted the launcher (Ctrl-C, SIGTERM, SIGHUP): an ending, no failure."""
+        record = read_json(self.layout.interrupted_file)
+        return isinstance(record, dict) and record.get("run_id") == self.info.run_id
+
     def cancelled(self) -> bool:
         """A sidecar asked for the job to be cancelled (``on_hang: cancel``)."""
         return isinstance(read_json(self.layout.cancel_file), dict)
@@ -340,7 +358,7 @@ class Sidecar:
     def finish(self, exits: dict[str, dict[str, Any]]) -> None:
         """Every node's job ended (or its node was lost): report a failure once, then stop."""
         failed = {n: r["returncode"] for n, r in exits.items() if r.get("returncode") != 0}
-        if failed and not self.cancelled() and not self.crash_reported:
+        if failed and not self.cancelled() and not self.interrupted() and not self.crash_reported:
             self.crash_reported = True
             self.incident("job_failed", time.time(), job_failed=True)
         elif not failed:
@@ -369,6 +387,8 @@ class Sidecar:
         self.say("job ending (signal received)")
         self.publish("ending")  # first of all: peers must not take this node for lost
         if self.crash_reported or self.cancelling or self.cancelled() or self.finished():
+            return
+        if self.interrupted():
             return
         exits = self.exit_records()
         peers = [n for n in self.nodes if n != self.node and n not in exits]

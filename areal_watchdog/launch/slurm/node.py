@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from areal_watchdog.common.atomic import read_json, write_json_atomic
-from areal_watchdog.launch.local import torchrun_output_args
+from areal_watchdog.launch.torchrun import multi_node, torchrun_command
 from areal_watchdog.rundir.layout import ENV_NODE, RunLayout
 
 SIDECAR_FINISH_WAIT = 30.0  # seconds to wait for the leading sidecar's final word
@@ -35,6 +35,23 @@ class NodeJob:
 
     def __call__(self) -> int:
         return run_node(self)
+
+    def command(self, node: str, node_rank: str, n_nodes: int, master: str, port: str) -> list[str]:
+        """The torchrun command of one node."""
+        return torchrun_command(
+            self.python,
+            RunLayout(Path(self.run_dir)),
+            node,
+            self.nproc_per_node,
+            multi_node(n_nodes, node_rank, master, port),
+            self.rank_command,
+        )
+
+    def preview(self, n_nodes: int) -> list[str]:
+        """The same command as ``--dry-run`` shows it, before Slurm has allocated the nodes."""
+        return self.command(
+            "$SLURMD_NODENAME", "$SLURM_NODEID", n_nodes, "$FIRST_NODE_ADDR", "$RENDEZVOUS_PORT"
+        )
 
 
 def slurm_nodes() -> list[str]:
@@ -63,42 +80,13 @@ def rendezvous_port(job_id: str) -> int:
     return 20_000 + int(job_id) % 20_000
 
 
-def torchrun_command(
-    job: NodeJob, node: str, node_rank: int, n_nodes: int, master: str, port: int
-) -> list[str]:
-    layout = RunLayout(Path(job.run_dir))
-    return [
-        job.python,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        str(n_nodes),
-        "--node-rank",
-        str(node_rank),
-        "--nproc-per-node",
-        str(job.nproc_per_node),
-        "--master-addr",
-        master,
-        "--master-port",
-        str(port),
-        *torchrun_output_args(layout, node),
-        *job.rank_command,
-    ]
-
-
 def run_node(job: NodeJob) -> int:
     """Run this node's torchrun to its end; raise on failure so Slurm sees it."""
     node = os.environ["SLURMD_NODENAME"]
     nodes = slurm_nodes()
     layout = RunLayout(Path(job.run_dir))
-    cmd = torchrun_command(
-        job,
-        node,
-        nodes.index(node),
-        len(nodes),
-        node_address(nodes[0]),
-        rendezvous_port(os.environ["SLURM_JOB_ID"]),
-    )
+    port = rendezvous_port(os.environ["SLURM_JOB_ID"])
+    cmd = job.command(node, str(nodes.index(node)), len(nodes), node_address(nodes[0]), str(port))
     env = {**os.environ, **job.env, ENV_NODE: node}
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):  # submitit's own, not torchrun's
         env.pop(name, None)

@@ -1,0 +1,129 @@
+"""What every backend starts the same way: the ranks' environment, the command torchrun runs on
+every rank, the files the run directory gets, and the stale state an earlier launch left."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import yaml
+
+from areal_watchdog.common.errors import ConfigError
+from areal_watchdog.config.debug_env import render_debug_env
+from areal_watchdog.config.load import JobConfig
+from areal_watchdog.evidence.flight_recorder import ENV_FLIGHT_RECORDER
+from areal_watchdog.launch.plan import LaunchPlan
+from areal_watchdog.rundir.launch_info import LaunchInfo
+from areal_watchdog.rundir.layout import ENV_NODE, ENV_RUN_ID, ENV_WATCH_DIR, RunLayout
+from areal_watchdog.trajectory import format as trajectory
+
+
+def resolve_entrypoint(config: JobConfig) -> str:
+    """A script path made absolute: relative to the config file first (the script that sits
+    beside the config is the one it was written for), then to the working directory."""
+    entry = config.launch.entrypoint
+    if not entry.endswith(".py"):
+        return entry  # a module name
+    for base in (Path(config.source).resolve().parent, Path.cwd()):
+        candidate = (base / entry).resolve()
+        if candidate.is_file():
+            return str(candidate)
+    raise ConfigError(
+        config.source,
+        "launch.entrypoint",
+        f"no such file: {entry} (looked beside the config, then in the working directory)",
+    )
+
+
+def job_environment(
+    config: JobConfig, layout: RunLayout, run_id: str, node: str | None, watchdog: bool
+) -> dict[str, str]:
+    """The variables every rank gets on top of the launcher's environment (``node``: None when
+    each node adds its own name, as on Slurm)."""
+    env: dict[str, str] = {}
+    if watchdog:
+        env.update(_watch_environment(config, layout, run_id))
+        if node is not None:
+            env[ENV_NODE] = node
+    env.update(config.launch.env)
+    return env
+
+
+def _watch_environment(config: JobConfig, layout: RunLayout, run_id: str) -> dict[str, str]:
+    wd = config.watchdog
+    env = render_debug_env(wd.debug_env, str(layout.watch_dir))
+    env.update(
+        {
+            ENV_RUN_ID: run_id,
+            ENV_WATCH_DIR: str(layout.watch_dir),
+            trajectory.ENV_CONFIG_HASH: trajectory.config_hash(config.raw),
+        }
+    )
+    if wd.flight_recorder:
+        env[ENV_FLIGHT_RECORDER] = "1"
+    if wd.trajectory_dump:
+        env[trajectory.ENV_DIR] = str(config.trajectory_dir)
+        env[trajectory.ENV_MAX_KEEP] = str(wd.trajectory_max_keep)
+        env[trajectory.ENV_PIN_STEPS] = ",".join(map(str, wd.trajectory_pin_steps))
+        if wd.trajectory_dump_steps is not None:
+            env[trajectory.ENV_DUMP_STEPS] = ",".join(map(str, wd.trajectory_dump_steps))
+    return env
+
+
+def rank_command(config: JobConfig, layout: RunLayout, watchdog: bool) -> list[str]:
+    """What torchrun starts on every rank: the entrypoint, wrapped when watched."""
+    entry = resolve_entrypoint(config)
+    tail = [entry, *config.launch.args]
+    if config.launch.config_arg:
+        tail += [config.launch.config_arg, str(layout.job_config)]
+    if watchdog:
+        return ["-m", "areal_watchdog.rank.main", *tail]
+    return tail if entry.endswith(".py") else ["-m", *tail]
+
+
+def launch_files(config: JobConfig, info: LaunchInfo, watchdog: bool) -> dict[str, str]:
+    """launch.json for the sidecars, the resolved config for the training script, and the whole
+    resolved config (our sections included) from which ``areal-launch replay`` starts again."""
+    layout = info.layout
+    dumping = watchdog and config.watchdog.trajectory_dump
+    raw = dict(config.raw)
+    raw["launch"] = {**raw.get("launch", {}), "entrypoint": resolve_entrypoint(config)}
+    return {
+        str(layout.launch_file): json.dumps(info.to_dict(), indent=1, sort_keys=True),
+        str(layout.job_config): yaml.safe_dump(config.job_tree(dumping), sort_keys=False),
+        str(layout.launch_config): yaml.safe_dump(raw, sort_keys=False),
+    }
+
+
+def stale_state(layout: RunLayout) -> list[Path]:
+    """What an earlier launch of the same run directory leaves that must not confuse this one."""
+    watch = layout.watch_dir
+    return [
+        layout.ranks_dir,
+        layout.heartbeats_dir,
+        layout.status_dir,
+        layout.job_exit_dir,
+        layout.finished_file,
+        layout.cancel_file,
+        layout.interrupted_file,
+        layout.tasks_dir,
+        watch / "requests",
+        watch / "evidence",
+        watch / "claims",
+    ]
+
+
+def prepare_run_dir(plan: LaunchPlan) -> None:
+    """Remove the previous launch's live state and write the plan's files."""
+    for path in map(Path, plan.reset_paths):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+    layout = RunLayout(Path(plan.run_dir))
+    for directory in layout.live_dirs():
+        directory.mkdir(parents=True, exist_ok=True)
+    for path, content in plan.files.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(content, encoding="utf-8")

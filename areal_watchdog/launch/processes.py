@@ -1,0 +1,131 @@
+"""The processes of a local launch: started so that none outlives the launcher, watched, and
+stopped in order (SIGCONT for stopped ranks, SIGTERM, a grace period, then SIGKILL).
+
+Every child gets ``PR_SET_PDEATHSIG``: if the launcher dies (``kill -9``, a closed terminal),
+the kernel sends it SIGTERM, torchrun stops its ranks and the sidecar ends; nothing of the run
+keeps going unsupervised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import threading
+import time
+from typing import Any, TextIO
+
+import psutil
+
+from areal_watchdog.launch.plan import ProcessSpec
+from areal_watchdog.rundir.layout import ENV_RUN_ID
+
+TERMINATE_GRACE = 20.0  # seconds torchrun gets to stop its ranks before everything is killed
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the launcher dies, whatever the reason."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def start(spec: ProcessSpec, **popen: Any) -> subprocess.Popen:
+    """Start one planned process in a session of its own, tied to the launcher's life."""
+    return subprocess.Popen(
+        spec.argv,
+        env={**os.environ, **spec.env},
+        cwd=spec.cwd,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads run code between fork and exec
+        **popen,
+    )
+
+
+def run_processes(run_id: str) -> list[psutil.Process]:
+    """Every process that carries this run id: ranks, their workers, servers they started."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != os.getpid() and proc.environ().get(ENV_RUN_ID) == run_id:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def kill_run_processes(run_id: str) -> list[int]:
+    """SIGKILL every process of the run (ranks live in sessions of their own)."""
+    killed = []
+    for proc in run_processes(run_id):
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+            killed.append(proc.pid)
+    return killed
+
+
+def stop_job(job: subprocess.Popen, run_id: str, grace: float = TERMINATE_GRACE) -> None:
+    """SIGTERM torchrun (it stops its ranks); after ``grace`` kill whatever is left.
+
+    Ranks that are stopped (SIGSTOP, a debugger detached badly) get SIGCONT so that the
+    termination reaches them instead of waiting out the grace period.
+    """
+    try:
+        job.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        for proc in run_processes(run_id):
+            with contextlib.suppress(psutil.Error):
+                if proc.status() == psutil.STATUS_STOPPED:
+                    proc.send_signal(signal.SIGCONT)
+        job.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        job.wait()
+    kill_run_processes(run_id)
+
+
+class OutputPump:
+    """Copies the job's output to the terminal and to a log; ``mute`` keeps only the log (after
+    a cancel, torchrun's own traceback about the signal is noise on the terminal)."""
+
+    def __init__(self, source: TextIO, out: TextIO, log: TextIO) -> None:
+        self.muted = False
+        self.thread = threading.Thread(target=self._run, args=(source, out, log), daemon=True)
+        self.thread.start()
+
+    def mute(self) -> None:
+        self.muted = True
+
+    def _run(self, source: TextIO, out: TextIO, log: TextIO) -> None:
+        for line in source:
+            if not self.muted:
+                out.write(line)
+                out.flush()
+            log.write(line)
+            log.flush()
+
+
+class Interrupts:
+    """Turns SIGINT, SIGTERM and SIGHUP into a count, so the launcher stops its children in
+    order; a second one means "now": the caller kills instead of waiting."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.previous: dict[int, Any] = {}
+        self.on_second: Any = None
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self.previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.count += 1
+        if self.count >= 2 and self.on_second is not None:
+            self.on_second()
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
