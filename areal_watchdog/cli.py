@@ -24,7 +24,8 @@ from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.rankset import format_ranks
 from areal_watchdog.common.redact import Redactor
-from areal_watchdog.config.load import JobConfig, load_config
+from areal_watchdog.config.load import load_config
+from areal_watchdog.config.model import JobConfig
 from areal_watchdog.config.preflight import preflight
 from areal_watchdog.launch.backend import backend
 from areal_watchdog.launch.exit_codes import ExitCode

@@ -72,6 +72,20 @@ def test_override_of_unknown_key_says_how_to_add_it(config_file: Path) -> None:
         ("watchdog.on_hang=explode", "watchdog.on_hang", "report, cancel"),
         ("+watchdog.step_regex=step", "watchdog.step_regex", "group"),
         ("experiment_name=my_exp", "experiment_name", "may not contain '_'"),
+        ("+watchdog.auto_factor=0.5", "watchdog.auto_factor", "must be at least 1, got 0.5"),
+        ("+watchdog.stall_timout=8", "watchdog.stall_timout", "did you mean stall_timeout?"),
+        ("+launch.nprocs=2", "launch.nprocs", "did you mean nproc_per_node?"),
+        ("+watchdog.gpu.idle_timout=3", "watchdog.gpu.idle_timout", "did you mean idle_timeout?"),
+        ("experiment_name=..", "experiment_name", "is not a name"),
+        ("trial_name=..", "trial_name", "is not a name"),
+        ("trial_name=.", "trial_name", "is not a name"),
+        ("trial_name=''", "trial_name", "is not a name"),
+        ("+watchdog.poll_interval=.nan", "watchdog.poll_interval", "finite number"),
+        ("watchdog.stall_timeout=.inf", "watchdog.stall_timeout", "finite number"),
+        ("+launch.nproc_per_node=100000", "launch.nproc_per_node", "at most 1024"),
+        ("+launch.python=/no/such/python3", "launch.python", "not an executable Python"),
+        ("launch=[1,2]", "launch", "must be a mapping"),
+        ("+watchdog.startup_timeout=2026-11-22", "watchdog.startup_timeout", "must be a number"),
     ],
 )
 def test_bad_values_name_key_and_file(
@@ -83,6 +97,50 @@ def test_bad_values_name_key_and_file(
     assert "Traceback" not in err and out == ""
     assert len(err.strip().splitlines()) == 1
     assert not (config_file.parent / "root").exists(), "nothing may start or be written"
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b"\x89PNG\r\n\x1a\n\x00\x00binary", "is not UTF-8 text"),
+        ("latin: caf\xe9\n".encode("latin-1"), "is not UTF-8 text"),
+        (b"null: 1\nlaunch: {entrypoint: x.py}\n", "is not a valid config tree"),
+        (b"a: " + b"[" * 2000 + b"]" * 2000 + b"\n", "nested too deeply"),
+    ],
+)
+def test_unreadable_configs_are_one_line_errors(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: bytes, words: str
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(content)
+    code, _, err = run_cli(capsys, "local", str(bad))
+    assert code == 2 and words in err and str(bad) in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_fileroot_that_is_a_file_or_unwritable(
+    capsys: pytest.CaptureFixture[str], config_file: Path, tmp_path: Path
+) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    code, _, err = run_cli(capsys, "local", str(config_file), f"cluster.fileroot={a_file}/x")
+    assert code == 2 and "cluster.fileroot" in err and "is not a directory" in err
+
+
+def test_entrypoint_beside_the_config_wins_over_the_working_directory(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    (project / "train.py").write_text("print('the right one')\n")
+    (elsewhere / "train.py").write_text("print('the wrong one')\n")
+    config = project / "config.yaml"
+    config.write_text(GOOD.replace("FILEROOT", str(tmp_path / "root")).replace("ENTRY", "train.py"))
+    monkeypatch.chdir(elsewhere)
+    code, out, _ = run_cli(capsys, "local", str(config), "--dry-run")
+    assert code == 0
+    assert str(project / "train.py") in out and str(elsewhere / "train.py") not in out
 
 
 def test_yaml_syntax_error_names_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

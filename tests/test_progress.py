@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_watchdog.config.load import DEFAULT_STEP_REGEX
+from areal_watchdog.config.model import DEFAULT_STEP_REGEX
 from areal_watchdog.watch.progress import StallClock, StepLogTail, find_step
 
 AREAL_LINE = (

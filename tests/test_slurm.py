@@ -167,7 +167,10 @@ def test_dry_run_prints_the_sbatch_script_and_creates_nothing(
     ("override", "words"),
     [
         ("launch.slurm.time=soon", "launch.slurm.time`: must be minutes or [D-]HH:MM[:SS]"),
-        ("+launch.slurm.partion=gpu", "launch.slurm.partion`: is not a known key"),
+        (
+            "+launch.slurm.partion=gpu",
+            "launch.slurm.partion`: unknown key (did you mean partition?)",
+        ),
         ("+launch.slurm.cpus_per_task=0", "launch.slurm.cpus_per_task`: must be at least 1"),
         ("+launch.slurm.mem=lots", "launch.slurm.mem`: must look like 64G"),
     ],

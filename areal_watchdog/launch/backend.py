@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Protocol, TextIO
 
-from areal_watchdog.config.load import JobConfig
+from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.plan import LaunchPlan
 
 

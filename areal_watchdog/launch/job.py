@@ -11,7 +11,7 @@ import yaml
 
 from areal_watchdog.common.errors import ConfigError
 from areal_watchdog.config.debug_env import render_debug_env
-from areal_watchdog.config.load import JobConfig
+from areal_watchdog.config.model import JobConfig
 from areal_watchdog.evidence.flight_recorder import ENV_FLIGHT_RECORDER
 from areal_watchdog.launch.plan import LaunchPlan
 from areal_watchdog.rundir.launch_info import LaunchInfo

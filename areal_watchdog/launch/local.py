@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TextIO
 
 from areal_watchdog.common.atomic import read_json, write_json_atomic
-from areal_watchdog.config.load import JobConfig
+from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.job import (
     job_environment,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from areal_watchdog.config.load import JobConfig
+from areal_watchdog.config.model import JobConfig
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.evidence.model import BLOCKED, Evidence, Frame, RankEvidence, ThreadStack
 from areal_watchdog.report.build import IncidentContext, build_report, new_incident_id

@@ -8,7 +8,7 @@ from typing import Any
 
 from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.errors import UserError
-from areal_watchdog.config.load import JobConfig, WatchdogSection
+from areal_watchdog.config.model import JobConfig, WatchdogSection
 from areal_watchdog.rundir.layout import RunLayout
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.rankset import format_ranks
-from areal_watchdog.config.load import JobConfig, load_config
+from areal_watchdog.config.load import load_config
+from areal_watchdog.config.model import JobConfig
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.trajectory.format import (
     ENV_CONFIG_HASH,

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.common.errors import UserError
-from areal_watchdog.config.load import JobConfig
+from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.job import (
     job_environment,
     launch_files,

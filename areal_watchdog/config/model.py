@@ -1,0 +1,135 @@
+"""The validated configuration as plain data; every default is declared here, once.
+
+AReaL's own keys (``experiment_name``, ``trial_name``, ``cluster.*``) keep their meaning; every
+other top-level key is passed through untouched to the training script. Our sections are
+``launch`` and ``watchdog`` (docs/configuration.md).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# AReaL's step line is ``... Epoch 1/1 Step 3/233 Train step 3/233 done.``: the last match on a
+# line wins, so the global "Train step" beats the epoch-local "Step".
+DEFAULT_STEP_REGEX = (
+    r"(?i)(?:\btrain step|\bglobal[_ ]step|\bstep|\biteration|\biter)\s*[=:#]?\s*(?P<step>\d+)"
+)
+OUR_SECTIONS = ("launch", "watchdog")
+DEFAULT_EXPERIMENT = "areal-job"
+DEFAULT_TRIAL = "trial0"
+DEFAULT_FILEROOT = "/tmp/areal/experiments"
+MAX_NPROC_PER_NODE = 1024
+SLURM_KEYS = {
+    "partition": str,
+    "account": str,
+    "qos": str,
+    "time": (int, str),
+    "constraint": str,
+    "exclusive": bool,
+    "nodelist": str,
+    "exclude": str,
+    "cpus_per_task": int,
+    "mem": str,
+    "additional_parameters": dict,
+    "srun_args": list,
+    "container_prefix": (list, str),
+    "job_name": str,
+    "template_dir": str,
+}
+ON_HANG_ACTIONS = ("report", "cancel")
+STACK_METHODS = ("auto", "py-spy", "faulthandler")
+GPU_BACKENDS = ("auto", "nvml", "nvidia-smi", "recorded", "none")
+
+
+@dataclass(frozen=True)
+class LaunchSection:
+    """How to start the training script."""
+
+    entrypoint: str
+    args: list[str] = field(default_factory=list)
+    nproc_per_node: int = 1
+    config_arg: str | None = "--config"
+    python: str = sys.executable
+    env: dict[str, str] = field(default_factory=dict)
+    slurm: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WatchdogSection:
+    """How the sidecar decides that the job stalled and what it does then."""
+
+    enabled: bool = False
+    stall_timeout: float | None = 600.0  # None means "auto"
+    startup_timeout: float = 1800.0
+    poll_interval: float = 1.0
+    step_regex: str = DEFAULT_STEP_REGEX
+    log_files: list[str] = field(default_factory=list)
+    on_hang: str = "report"
+    auto_factor: float = 5.0
+    auto_min_timeout: float = 60.0
+    dump_timeout: float = 5.0
+    stack_method: str = "auto"
+    crash_grace: float = 10.0
+    flight_recorder: bool = True
+    gpu_backend: str = "auto"
+    gpu_recording: str | None = None
+    gpu_idle_utilization: float = 10.0
+    gpu_spin_power_fraction: float = 0.3
+    gpu_idle_timeout: float = 120.0
+    node_timeout: float = 10.0
+    evidence_timeout: float = 10.0
+    debug_env: dict[str, str] = field(default_factory=dict)
+    notify: list[dict[str, Any]] = field(default_factory=list)  # SinkSpec dicts: no secrets
+    spool_retry_interval: float = 30.0
+    trajectory_dump: bool = True
+    trajectory_max_keep: int = 5
+    trajectory_pin_steps: list[int] = field(default_factory=list)
+    trajectory_dump_steps: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """A validated configuration: AReaL keys, our two sections and the resolved raw tree."""
+
+    source: str
+    experiment_name: str
+    trial_name: str
+    fileroot: str
+    n_nodes: int
+    n_gpus_per_node: int
+    launch: LaunchSection
+    watchdog: WatchdogSection
+    raw: dict[str, Any]
+
+    @property
+    def run_dir(self) -> Path:
+        """``<fileroot>/<experiment_name>/<trial_name>``, where AReaL keeps a trial's files."""
+        return Path(self.fileroot) / self.experiment_name / self.trial_name
+
+    @property
+    def trajectory_dir(self) -> Path:
+        """Where step batches are dumped: ``trajectory_debug.path`` or AReaL's default."""
+        section = self.raw.get("trajectory_debug")
+        if isinstance(section, dict) and section.get("path"):
+            return Path(str(section["path"]))
+        return self.run_dir / "debug_trajectories"
+
+    def job_tree(self, dumping: bool = False) -> dict[str, Any]:
+        """The resolved config the training script receives: everything but our sections.
+
+        With ``dumping``, an AReaL ``trajectory_debug`` section is switched to dumping (unless
+        the config replays a dump already) with our ``max_keep`` and path.
+        """
+        tree = {k: v for k, v in self.raw.items() if k not in OUR_SECTIONS}
+        section = tree.get("trajectory_debug")
+        if dumping and isinstance(section, dict) and not section.get("replay_rollout_data"):
+            tree["trajectory_debug"] = {
+                **section,
+                "dump_rollout_data": True,
+                "max_keep": self.watchdog.trajectory_max_keep,
+                "path": str(self.trajectory_dir),
+            }
+        return tree

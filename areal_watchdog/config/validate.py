@@ -1,0 +1,231 @@
+"""Check a resolved config tree and turn it into a JobConfig: AReaL's names and cluster, our
+``launch`` and ``watchdog`` sections. Unknown keys in our sections are typos and are refused."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import MISSING, fields
+from pathlib import Path
+from typing import Any
+
+from areal_watchdog.config.checks import Checker
+from areal_watchdog.config.debug_env import DEFAULT_DEBUG_ENV
+from areal_watchdog.config.model import (
+    DEFAULT_EXPERIMENT,
+    DEFAULT_FILEROOT,
+    DEFAULT_TRIAL,
+    GPU_BACKENDS,
+    MAX_NPROC_PER_NODE,
+    ON_HANG_ACTIONS,
+    SLURM_KEYS,
+    STACK_METHODS,
+    JobConfig,
+    LaunchSection,
+    WatchdogSection,
+)
+from areal_watchdog.notify.sinks import parse_sinks
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+LAUNCH_KEYS = {"entrypoint", "args", "nproc_per_node", "config_arg", "python", "env", "slurm"}
+WATCHDOG_KEYS = {
+    "enabled", "stall_timeout", "startup_timeout", "poll_interval", "step_regex", "log_files",
+    "on_hang", "auto_factor", "auto_min_timeout", "dump_timeout", "stack_method", "crash_grace",
+    "flight_recorder", "gpu", "node_timeout", "evidence_timeout", "debug_env", "notify",
+    "spool_retry_interval", "trajectory",
+}  # fmt: skip
+GPU_KEYS = {"backend", "recording", "idle_utilization", "spin_power_fraction", "idle_timeout"}
+TRAJECTORY_KEYS = {"enabled", "max_keep", "pin_steps", "dump_steps"}
+# watchdog.<key> (or watchdog.gpu.<key>) -> the smallest value that makes sense
+SECONDS = {
+    "startup_timeout": 1e-9,
+    "poll_interval": 0.05,
+    "auto_factor": 1.0,
+    "auto_min_timeout": 0.0,
+    "dump_timeout": 0.1,
+    "crash_grace": 0.0,
+    "node_timeout": 0.5,
+    "evidence_timeout": 0.1,
+    "spool_retry_interval": 0.1,
+}
+GPU_NUMBERS = {"idle_utilization": 0.0, "spin_power_fraction": 0.0, "idle_timeout": 0.1}
+
+
+def default(section: type, name: str) -> Any:
+    """A field's default, as declared once in ``model``."""
+    spec = next(f for f in fields(section) if f.name == name)
+    return spec.default_factory() if spec.default is MISSING else spec.default  # type: ignore[misc]
+
+
+def validate(source: str, raw: dict[str, Any]) -> JobConfig:
+    """The JobConfig of a resolved tree; raises ConfigError naming the first bad key."""
+    check = Checker(source)
+    experiment, trial = _names(check, raw)
+    cluster = check.section(raw, "cluster")
+    fileroot = check.text(cluster, "cluster.fileroot", default=DEFAULT_FILEROOT)
+    _check_fileroot(check, fileroot)
+    n_gpus = check.integer(cluster, "cluster.n_gpus_per_node", default=0, minimum=0)
+    return JobConfig(
+        source=source,
+        experiment_name=experiment,
+        trial_name=trial,
+        fileroot=fileroot,
+        n_nodes=check.integer(cluster, "cluster.n_nodes", default=1, minimum=1),
+        n_gpus_per_node=n_gpus,
+        launch=_launch(check, check.section(raw, "launch"), n_gpus),
+        watchdog=_watchdog(check, check.section(raw, "watchdog")),
+        raw=raw,
+    )
+
+
+def _names(check: Checker, raw: dict[str, Any]) -> tuple[str, str]:
+    """AReaL's naming rules, and names that keep the run directory inside the fileroot."""
+    experiment = check.text(raw, "experiment_name", default=DEFAULT_EXPERIMENT)
+    trial = check.text(raw, "trial_name", default=DEFAULT_TRIAL)
+    for key, value, banned in (("experiment_name", experiment, "_"), ("trial_name", trial, "-")):
+        if not _NAME.match(value) or value in (".", ".."):
+            raise check.fail(
+                key, f"{value!r} is not a name: use letters, digits, '.', '-' or '_', no '/'"
+            )
+        if banned in value:
+            raise check.fail(key, f"may not contain {banned!r} (AReaL's rule), got {value!r}")
+    return experiment, trial
+
+
+def _check_fileroot(check: Checker, fileroot: str) -> None:
+    """The fileroot, or the nearest folder above it that exists, must be a writable folder."""
+    path = Path(fileroot).expanduser().absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if not path.is_dir():
+        raise check.fail("cluster.fileroot", f"{path} is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise check.fail("cluster.fileroot", f"{path} is not writable by this user")
+
+
+def _launch(check: Checker, tree: dict[str, Any], n_gpus: int) -> LaunchSection:
+    check.known_keys(tree, "launch", LAUNCH_KEYS)
+    entrypoint = tree.get("entrypoint")
+    if not entrypoint or not isinstance(entrypoint, str):
+        raise check.fail(
+            "launch.entrypoint", "is missing: name the training script (a .py file or a module)"
+        )
+    python = check.text(tree, "launch.python", default=default(LaunchSection, "python"))
+    if shutil.which(python) is None:
+        raise check.fail("launch.python", f"{python!r} is not an executable Python interpreter")
+    slurm = check.section(tree, "launch.slurm")
+    check.known_keys(slurm, "launch.slurm", set(SLURM_KEYS))
+    nproc = check.integer(
+        tree, "launch.nproc_per_node", max(n_gpus, 1), minimum=1, maximum=MAX_NPROC_PER_NODE
+    )
+    return LaunchSection(
+        entrypoint=entrypoint,
+        args=check.string_list(tree, "launch.args"),
+        nproc_per_node=nproc,
+        config_arg=check.optional_text(
+            tree, "launch.config_arg", default(LaunchSection, "config_arg")
+        ),
+        python=python,
+        env=check.string_map(tree, "launch.env"),
+        slurm=slurm,
+    )
+
+
+def _watchdog(check: Checker, wd: dict[str, Any]) -> WatchdogSection:
+    check.known_keys(wd, "watchdog", WATCHDOG_KEYS)
+    gpu = check.section(wd, "watchdog.gpu")
+    check.known_keys(gpu, "watchdog.gpu", GPU_KEYS)
+    values: dict[str, Any] = {
+        name: check.number(wd, f"watchdog.{name}", default(WatchdogSection, name), minimum)
+        for name, minimum in SECONDS.items()
+    }
+    values.update(
+        {
+            f"gpu_{name}": check.number(
+                gpu, f"watchdog.gpu.{name}", default(WatchdogSection, f"gpu_{name}"), minimum
+            )
+            for name, minimum in GPU_NUMBERS.items()
+        }
+    )
+    return WatchdogSection(
+        enabled=check.boolean(wd, "watchdog.enabled", default(WatchdogSection, "enabled")),
+        stall_timeout=_stall_timeout(check, wd),
+        step_regex=_step_regex(check, wd),
+        log_files=check.string_list(wd, "watchdog.log_files"),
+        on_hang=check.choice(
+            wd, "watchdog.on_hang", ON_HANG_ACTIONS, default(WatchdogSection, "on_hang")
+        ),
+        stack_method=check.choice(
+            wd, "watchdog.stack_method", STACK_METHODS, default(WatchdogSection, "stack_method")
+        ),
+        flight_recorder=check.boolean(
+            wd, "watchdog.flight_recorder", default(WatchdogSection, "flight_recorder")
+        ),
+        gpu_backend=check.choice(
+            gpu, "watchdog.gpu.backend", GPU_BACKENDS, default(WatchdogSection, "gpu_backend")
+        ),
+        gpu_recording=_gpu_recording(check, gpu),
+        debug_env=_debug_env(check, wd),
+        notify=[
+            s.to_dict()
+            for s in parse_sinks(check.mapping_list(wd, "watchdog.notify"), check.source)
+        ],
+        **_trajectory(check, check.section(wd, "watchdog.trajectory")),
+        **values,
+    )
+
+
+def _stall_timeout(check: Checker, wd: dict[str, Any]) -> float | None:
+    if wd.get("stall_timeout") == "auto":
+        return None
+    fallback = default(WatchdogSection, "stall_timeout")
+    return check.number(wd, "watchdog.stall_timeout", fallback, minimum=1e-9, auto=True)
+
+
+def _step_regex(check: Checker, wd: dict[str, Any]) -> str:
+    pattern = check.text(wd, "watchdog.step_regex", default(WatchdogSection, "step_regex"))
+    try:
+        compiled = re.compile(pattern)
+    except re.error as exc:
+        raise check.fail(
+            "watchdog.step_regex", f"is not a valid regular expression: {exc}"
+        ) from None
+    if compiled.groups < 1:
+        raise check.fail("watchdog.step_regex", "needs a group that captures the step number")
+    return pattern
+
+
+def _gpu_recording(check: Checker, gpu: dict[str, Any]) -> str | None:
+    recording = check.optional_text(gpu, "watchdog.gpu.recording", default=None)
+    if gpu.get("backend") == "recorded" and not recording:
+        raise check.fail(
+            "watchdog.gpu.recording", "is missing: the recorded backend replays a file of samples"
+        )
+    return recording
+
+
+def _debug_env(check: Checker, wd: dict[str, Any]) -> dict[str, str]:
+    """AReaL's debug variables, with the config's additions; null or false removes one."""
+    env = dict(DEFAULT_DEBUG_ENV)
+    for name, value in check.section(wd, "watchdog.debug_env").items():
+        if value is None or value is False:
+            env.pop(str(name), None)
+        else:
+            env[str(name)] = str(value)
+    return env
+
+
+def _trajectory(check: Checker, tree: dict[str, Any]) -> dict[str, Any]:
+    check.known_keys(tree, "watchdog.trajectory", TRAJECTORY_KEYS)
+    dump_steps = tree.get("dump_steps")
+    return {
+        "trajectory_dump": check.boolean(tree, "watchdog.trajectory.enabled", default=True),
+        "trajectory_max_keep": check.integer(
+            tree, "watchdog.trajectory.max_keep", default(WatchdogSection, "trajectory_max_keep"), 0
+        ),
+        "trajectory_pin_steps": check.int_list(tree, "watchdog.trajectory.pin_steps"),
+        "trajectory_dump_steps": None
+        if dump_steps is None
+        else check.int_list(tree, "watchdog.trajectory.dump_steps"),
+    }
