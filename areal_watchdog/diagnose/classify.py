@@ -24,21 +24,7 @@ from areal_watchdog.evidence.model import (
     Evidence,
     Frame,
     RankEvidence,
-)
-
-CATEGORIES = (
-    "collective_mismatch",
-    "collective_stuck",
-    "cleanup_deadlock",
-    "straggler",
-    "dataloader_stall",
-    "init_deadlock",
-    "p2p_mismatch",
-    "rank_crashed",
-    "node_lost",
-    "rollout_stalled",
-    "weight_sync_stuck",
-    "unknown",
+    ThreadStack,
 )
 
 COLLECTIVE_OPS = frozenset(
@@ -107,6 +93,17 @@ CLEANUP_NAMES = frozenset(
 CLEANUP_HINT = re.compile(r"(cleanup|clean_up|teardown|shutdown|finali[sz]e|destroy)", re.I)
 BACKWARD_OPS = frozenset({"backward", "_engine_run_backward", "run_backward"})
 DATALOADER_OPS = frozenset({"__next__", "_next_data", "_get_data", "_try_get_data"})
+WORK_CALLS = (
+    COLLECTIVE_OPS
+    | P2P_OPS
+    | INIT_OPS
+    | {
+        "prepare_batch",
+        "wait_results",
+        "active_submit_and_wait",
+        "rollout_batch",
+    }
+)
 _OUR_FILES = ("areal_watchdog/rank_main.py", "runpy")
 _SECONDARY_FAILURE = re.compile(
     r"connection (closed|reset)|broken pipe|econnreset|connection refused|timed? ?out|"
@@ -149,6 +146,7 @@ class Verdict:
     culprit_nodes: list[str] = field(default_factory=list)
     collectives: dict[str, Any] | None = None  # the Flight Recorder analysis, when available
     cause: str | None = None  # rollout_stalled: why the rollouts do not come
+    activities: dict[int, Activity] = field(default_factory=dict)  # what each rank is doing
     culprit_workers: list[dict[str, Any]] = field(default_factory=list)  # culprits, not ranks
 
 
@@ -159,6 +157,7 @@ def classify(evidence: Evidence) -> Verdict:
     finding = rollout_finding(evidence)
     verdict = _from_finding(finding) if finding else _decide(evidence, activities)
     verdict.groups = groups
+    verdict.activities = activities
     _weigh_collectives(verdict, evidence)
     nodes = {r.rank: r.node for r in evidence.ranks}
     culprit_nodes = {nodes[r] for r in verdict.culprit_ranks if nodes.get(r)}
@@ -240,7 +239,7 @@ def describe(rank: RankEvidence) -> Activity:
     if rank.state in (MISSING, UNRESPONSIVE):
         label = "never started" if rank.state == MISSING else "no stack"
         return Activity("unknown", label, f"<{rank.state}>", label)
-    thread = rank.main_thread()
+    thread = work_thread(rank)
     if thread is None or not thread.frames:
         return Activity("unknown", "no stack", "<no stack>", "no stack")
     frames = [f for f in thread.frames if not any(m in f.filename for m in _OUR_FILES)]
@@ -254,6 +253,21 @@ def describe(rank: RankEvidence) -> Activity:
         kind = "cleanup"
     sites = ";".join(f"{f.short_filename}:{f.line}:{f.name}" for f in user_frames)
     return Activity(kind, op, f"{op}|{sites}", _where(op, user_frames))
+
+
+def work_thread(rank: RankEvidence) -> ThreadStack | None:
+    """The thread that carries the rank's distributed or rollout work, else the main thread.
+
+    In AReaL's ``rpc_server`` the main thread only serves HTTP while FSDP and NCCL run in the
+    ``EngineWorker`` thread; DeepSpeed issues all-gathers from the autograd thread. The first
+    thread (main thread first) with a frame in a collective, a P2P op, rendezvous or a rollout
+    wait is the one that explains a hang."""
+    main = rank.main_thread()
+    ordered = [main, *(t for t in rank.threads if t is not main)] if main else rank.threads
+    for thread in ordered:
+        if any(_bare(f.name) in WORK_CALLS for f in thread.frames):
+            return thread
+    return main
 
 
 def _bare(name: str) -> str:

@@ -57,8 +57,10 @@ class Notifier:
         redactor: Redactor,
         log: Callable[[str], None],
         spool_retry_interval: float = 30.0,
+        say: Callable[[str], None] | None = None,
     ) -> None:
         self.specs = specs
+        self.say = say or log  # failures are said where the user looks, not only logged
         self.spool = Spool(spool_dir)
         self.redactor = redactor.with_values(secret_values(specs))
         self.log = log
@@ -70,7 +72,8 @@ class Notifier:
             self.thread.start()
 
     def submit(self, report: dict[str, Any]) -> None:
-        """Queue a report for every sink; returns at once."""
+        """Queue a report for every sink; returns at once. The report comes scrubbed (the
+        incident desk redacts it once, for the files and the notifications alike)."""
         if not self.specs:
             return
         try:
@@ -103,13 +106,12 @@ class Notifier:
             self.spool.flush(self.redactor, log=self.log)
 
     def _deliver(self, report: dict[str, Any]) -> None:
-        clean = self.redactor.scrub_tree(report)
         done = self.spool.delivered_ids()
         for sink in resolve_all(self.specs, self.log):
-            message_id = delivery_id(clean["incident_id"], sink.spec)
+            message_id = delivery_id(report["incident_id"], sink.spec)
             if message_id in done:
                 continue
-            body = render(sink.spec, clean)
+            body = render(sink.spec, report)
             # Write-ahead: if this process dies mid-send, the next one still delivers it.
             self.spool.keep(message_id, sink.spec, body, "not sent yet")
             outcome = send(sink, body, message_id, self.redactor)
@@ -118,8 +120,13 @@ class Notifier:
                 self.spool.mark_delivered(message_id)
             elif outcome.retryable:
                 self.spool.keep(message_id, sink.spec, body, outcome.error)
+                self.say(
+                    f"notification to {sink.spec.name} failed ({outcome.describe()}); kept in "
+                    f"{self.spool.directory} and retried every {self.spool_retry_interval:g} s"
+                )
             else:
                 self.spool.drop(message_id)
+                self.say(f"notification to {sink.spec.name} refused: {outcome.describe()}")
 
 
 def deliver_spooled(spool_dir: Path, log: Callable[[str], None]) -> tuple[int, int]:

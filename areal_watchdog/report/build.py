@@ -16,13 +16,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from areal_watchdog.common.atomic import write_json_atomic, write_text_atomic
-from areal_watchdog.common.rankset import format_ranks
-from areal_watchdog.common.redact import Redactor
-from areal_watchdog.diagnose.classify import Verdict, describe
+from areal_watchdog.diagnose.classify import Verdict, work_thread
 from areal_watchdog.evidence.model import EXITED, Evidence, RankEvidence
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SERVER_FIELDS = ("address", "state", "health_s", "running", "queued", "gen_throughput", "paused")
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 
@@ -94,7 +91,7 @@ def build_report(
             "world_size": ctx.world_size,
             "run_dir": ctx.run_dir,
         },
-        "ranks": [_rank_entry(r) for r in evidence.ranks],
+        "ranks": [_rank_entry(r, verdict) for r in evidence.ranks],
         "groups": [
             {"signature": g.signature, "where": g.where, "kind": g.kind, "ranks": g.ranks}
             for g in verdict.groups
@@ -114,16 +111,18 @@ def build_report(
     }
 
 
-def _rank_entry(rank: RankEvidence) -> dict[str, Any]:
-    thread = rank.main_thread()
-    activity = describe(rank)
+def _rank_entry(rank: RankEvidence, verdict: Verdict) -> dict[str, Any]:
+    """One rank as the classifier saw it: the thread it judged and where that thread waits."""
+    thread = work_thread(rank)
+    activity = verdict.activities.get(rank.rank)
     entry: dict[str, Any] = {
         "rank": rank.rank,
         "node": rank.node,
         "pid": rank.pid,
         "state": rank.state,
         "evidence_method": rank.evidence_method,
-        "where": activity.where,
+        "where": activity.where if activity else "",
+        "thread": thread.name if thread else None,
         "frames": [
             {"name": f.name, "file": f.filename, "line": f.line}
             for f in (thread.frames if thread else [])
@@ -143,145 +142,6 @@ def _rank_entry(rank: RankEvidence) -> dict[str, Any]:
     if rank.cpu_utilization is not None:
         entry["cpu_utilization"] = round(rank.cpu_utilization, 3)
     return entry
-
-
-def write_incident(
-    run_dir: Path, report: dict[str, Any], evidence: Evidence, redactor: Redactor
-) -> Path:
-    """Write the incident directory; the report goes last so its presence means "complete"."""
-    incident_dir = run_dir / "incidents" / report["incident_id"]
-    (incident_dir / "stacks").mkdir(parents=True, exist_ok=True)
-    (incident_dir / "logs").mkdir(exist_ok=True)
-    clean_evidence = redactor.scrub_tree(evidence.to_dict())
-    write_json_atomic(incident_dir / "evidence.json", clean_evidence)
-    for rank in evidence.ranks:
-        write_text_atomic(incident_dir / "stacks" / f"rank_{rank.rank}.txt", _stack_text(rank))
-        tail = rank.log_tail or ""
-        if rank.exit is not None and rank.exit.traceback:
-            tail = f"{tail}\n--- traceback ---\n{rank.exit.traceback}"
-        if tail.strip():
-            write_text_atomic(incident_dir / "logs" / f"rank_{rank.rank}.txt", redactor.scrub(tail))
-    clean = redactor.scrub_tree(report)
-    write_text_atomic(incident_dir / "report.md", render_markdown(clean))
-    write_json_atomic(incident_dir / "report.json", clean, fsync=True)
-    return incident_dir
-
-
-def _stack_text(rank: RankEvidence) -> str:
-    lines = [
-        f"rank {rank.rank} pid {rank.pid} node {rank.node} state {rank.state} "
-        f"via {rank.evidence_method}"
-    ]
-    if rank.error:
-        lines.append(f"error: {rank.error}")
-    for thread in rank.threads:
-        lines.append(f"\nThread {thread.name or '?'} (most recent call first):")
-        lines.extend(f'  File "{f.filename}", line {f.line}, in {f.name}' for f in thread.frames)
-    return "\n".join(lines) + "\n"
-
-
-def _worker_lines(report: dict[str, Any]) -> list[str]:
-    """The cause and the culprits that are not ranks (inference servers, AReaL workers)."""
-    lines = [f"- Cause: `{report['cause']}`"] if report.get("cause") else []
-    workers = [
-        " ".join(str(w[k]) for k in ("role", "index", "address", "node", "pid") if w.get(k))
-        + (f" ({w['state']})" if w.get("state") else "")
-        for w in report.get("culprit_workers") or []
-    ]
-    if workers:
-        lines.append(f"- Culprit workers: {'; '.join(workers)}")
-    return lines
-
-
-def _server_lines(report: dict[str, Any]) -> list[str]:
-    servers = report.get("servers") or []
-    if not servers:
-        return []
-    lines = ["", "## Inference servers", "", "| " + " | ".join(SERVER_FIELDS) + " |"]
-    lines.append("|" + "---|" * len(SERVER_FIELDS))
-    for server in servers:
-        cells = ["-" if server.get(k) is None else str(server[k]) for k in SERVER_FIELDS]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
-
-
-def render_markdown(report: dict[str, Any]) -> str:
-    """A report a person reads first: verdict, groups, ranks, then where the files are."""
-    job = report["job"]
-    culprits = format_ranks(report["culprit_ranks"]) or "none named"
-    lines = [
-        f"# Hang report: `{report['category']}`",
-        "",
-        f"**{report['summary']}**",
-        "",
-        f"- Culprit ranks: {culprits}; nodes: {', '.join(report['culprit_nodes']) or '-'}",
-        *_worker_lines(report),
-        f"- Confidence: {report['confidence']}",
-        f"- Job: {job['experiment_name']}/{job['trial_name']} ({job['backend']}"
-        f"{', job ' + str(job['job_id']) if job['job_id'] else ''}), world size "
-        f"{job['world_size']}, nodes {', '.join(job['nodes'])}",
-        f"- Detected: {report['detected_at']} ({report['trigger']}); last progress "
-        f"{report['last_progress_at'] or 'never'}; last step {report['last_step']}",
-        f"- Action: {report['action']}",
-        "",
-        "## Stack groups",
-        "",
-        "| ranks | kind | where |",
-        "|---|---|---|",
-    ]
-    for group in report["groups"]:
-        lines.append(f"| {format_ranks(group['ranks'])} | {group['kind']} | `{group['where']}` |")
-    lines += [
-        "",
-        "## Ranks",
-        "",
-        "| rank | node | pid | state | via | where |",
-        "|---|---|---|---|---|---|",
-    ]
-    for rank in report["ranks"]:
-        state = rank["state"]
-        if "exit_code" in rank:
-            state += f" ({rank['exit_code']})"
-        lines.append(
-            f"| {rank['rank']} | {rank['node']} | {rank['pid']} | {state} | "
-            f"{rank['evidence_method']} | `{rank['where']}` |"
-        )
-    if report.get("unanswered_nodes"):
-        lines += ["", f"Nodes that did not answer: {', '.join(report['unanswered_nodes'])}"]
-    lines += _server_lines(report)
-    collectives = report.get("collectives")
-    if collectives:
-        lines += ["", "## Collectives (Flight Recorder)", ""]
-        for group in collectives["groups"]:
-            lines.append(f"- group {group['group']}: {'; '.join(group['table'])}")
-            if group["kind"] in ("mismatch", "missing"):
-                lines.append(f"  - {group['description']}")
-        if collectives.get("ranks_without_trace"):
-            lines.append(
-                f"- no trace from ranks {format_ranks(collectives['ranks_without_trace'])}"
-            )
-        lines.append(f"- {collectives['agreement']}")
-    trajectory = report.get("trajectory")
-    if trajectory:
-        lines += [
-            "",
-            "## Replay",
-            "",
-            f"Last dumped step: {trajectory.get('step')}",
-            "",
-            f"```\n{trajectory.get('replay_command')}\n```",
-        ]
-    files = report["files"]
-    lines += [
-        "",
-        "## Files",
-        "",
-        f"- Stacks: `{files['stacks_dir']}`",
-        f"- Log tails: `{files['logs_dir']}`",
-        f"- Raw evidence: `{files['evidence']}`",
-        "",
-    ]
-    return "\n".join(lines)
 
 
 def load_schema() -> dict[str, Any]:

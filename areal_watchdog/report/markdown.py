@@ -1,0 +1,127 @@
+"""report.md: the report a person reads first (verdict, groups, ranks, servers, collectives,
+replay, files), rendered from report.json alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from areal_watchdog.common.rankset import format_ranks
+from areal_watchdog.report.build import SERVER_FIELDS
+
+
+def _worker_lines(report: dict[str, Any]) -> list[str]:
+    """The cause and the culprits that are not ranks (inference servers, AReaL workers)."""
+    lines = [f"- Cause: `{report['cause']}`"] if report.get("cause") else []
+    workers = [
+        " ".join(str(w[k]) for k in ("role", "index", "address", "node", "pid") if w.get(k))
+        + (f" ({w['state']})" if w.get("state") else "")
+        for w in report.get("culprit_workers") or []
+    ]
+    if workers:
+        lines.append(f"- Culprit workers: {'; '.join(workers)}")
+    return lines
+
+
+def _server_lines(report: dict[str, Any]) -> list[str]:
+    servers = report.get("servers") or []
+    if not servers:
+        return []
+    lines = ["", "## Inference servers", "", "| " + " | ".join(SERVER_FIELDS) + " |"]
+    lines.append("|" + "---|" * len(SERVER_FIELDS))
+    for server in servers:
+        cells = ["-" if server.get(k) is None else str(server[k]) for k in SERVER_FIELDS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """A report a person reads first: verdict, groups, ranks, then where the files are."""
+    sections = (_header, _groups, _ranks, _server_lines, _collectives, _replay, _files)
+    return "\n".join(line for section in sections for line in section(report)) + "\n"
+
+
+def _header(report: dict[str, Any]) -> list[str]:
+    job = report["job"]
+    culprits = format_ranks(report["culprit_ranks"]) or "none named"
+    job_id = f", job {job['job_id']}" if job["job_id"] else ""
+    return [
+        f"# Hang report: `{report['category']}`",
+        "",
+        f"**{report['summary']}**",
+        "",
+        f"- Culprit ranks: {culprits}; nodes: {', '.join(report['culprit_nodes']) or '-'}",
+        *_worker_lines(report),
+        f"- Confidence: {report['confidence']}",
+        f"- Job: {job['experiment_name']}/{job['trial_name']} ({job['backend']}{job_id}), "
+        f"world size {job['world_size']}, nodes {', '.join(job['nodes'])}",
+        f"- Detected: {report['detected_at']} ({report['trigger']}); last progress "
+        f"{report['last_progress_at'] or 'never'}; last step {report['last_step']}",
+        f"- Action: {report['action']}",
+    ]
+
+
+def _groups(report: dict[str, Any]) -> list[str]:
+    lines = ["", "## Stack groups", "", "| ranks | kind | where |", "|---|---|---|"]
+    for group in report["groups"]:
+        lines.append(f"| {format_ranks(group['ranks'])} | {group['kind']} | `{group['where']}` |")
+    return lines
+
+
+def _ranks(report: dict[str, Any]) -> list[str]:
+    lines = [
+        "",
+        "## Ranks",
+        "",
+        "| rank | node | pid | state | via | thread | where |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for rank in report["ranks"]:
+        state = rank["state"] + (f" ({rank['exit_code']})" if "exit_code" in rank else "")
+        lines.append(
+            f"| {rank['rank']} | {rank['node']} | {rank['pid']} | {state} | "
+            f"{rank['evidence_method']} | {rank.get('thread') or '-'} | `{rank['where']}` |"
+        )
+    if report.get("unanswered_nodes"):
+        lines += ["", f"Nodes that did not answer: {', '.join(report['unanswered_nodes'])}"]
+    return lines
+
+
+def _collectives(report: dict[str, Any]) -> list[str]:
+    collectives = report.get("collectives")
+    if not collectives:
+        return []
+    lines = ["", "## Collectives (Flight Recorder)", ""]
+    for group in collectives["groups"]:
+        lines.append(f"- group {group['group']}: {'; '.join(group['table'])}")
+        if group["kind"] in ("mismatch", "missing"):
+            lines.append(f"  - {group['description']}")
+    if collectives.get("ranks_without_trace"):
+        lines.append(f"- no trace from ranks {format_ranks(collectives['ranks_without_trace'])}")
+    lines.append(f"- {collectives['agreement']}")
+    return lines
+
+
+def _replay(report: dict[str, Any]) -> list[str]:
+    trajectory = report.get("trajectory")
+    if not trajectory:
+        return []
+    return [
+        "",
+        "## Replay",
+        "",
+        f"Last dumped step: {trajectory.get('step')}",
+        "",
+        f"```\n{trajectory.get('replay_command')}\n```",
+    ]
+
+
+def _files(report: dict[str, Any]) -> list[str]:
+    files = report["files"]
+    return [
+        "",
+        "## Files",
+        "",
+        f"- Stacks: `{files['stacks_dir']}`",
+        f"- Log tails: `{files['logs_dir']}`",
+        f"- Raw evidence: `{files['evidence']}`",
+    ]

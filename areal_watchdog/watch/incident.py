@@ -1,0 +1,204 @@
+"""One incident, from trigger to notification: gather evidence from every node, classify it,
+write the report, hand it to the notifiers and, with ``on_hang: cancel``, end the job.
+
+The leading sidecar calls ``Incidents.open``; followers only answer evidence requests
+(``local_evidence``). A claim in the run directory makes sure that two leaders never report the
+same event twice.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from areal_watchdog.common.atomic import write_json_atomic
+from areal_watchdog.common.rankset import format_ranks
+from areal_watchdog.diagnose.classify import classify
+from areal_watchdog.evidence.gather import GatherSettings
+from areal_watchdog.evidence.model import MISSING, Evidence, RankEvidence
+from areal_watchdog.notify.notifier import Notifier
+from areal_watchdog.report.build import IncidentContext, build_report, new_incident_id
+from areal_watchdog.report.write import write_incident
+from areal_watchdog.rundir.launch_info import LaunchInfo
+from areal_watchdog.trajectory.format import complete_steps
+from areal_watchdog.watch.coordination import Coordinator
+from areal_watchdog.watch.node import NodeWatch
+from areal_watchdog.watch.progress import StallClock
+from areal_watchdog.watch.triggers import Trigger
+
+FLIGHT_RECORDER_TIMEOUT = 2.0  # seconds to wait for the ranks' Flight Recorder dumps
+ROLLOUT_TIMEOUT = 2.0  # seconds to wait for asyncio task dumps and server probes
+HANG_TRIGGERS = (Trigger.STALL, Trigger.GPU_IDLE, Trigger.RANK_EXITED, Trigger.NODE_SILENT)
+
+
+@dataclass
+class LocalEvidence:
+    """One node's share: its ranks, their Flight Recorder traces, the servers it probed."""
+
+    ranks: list[RankEvidence]
+    traces: dict[str, dict[str, Any]]
+    servers: list[dict[str, Any]]
+    flight_recorder_s: float = 0.0
+
+    def to_answer(self) -> dict[str, Any]:
+        return {
+            "ranks": [asdict(r) for r in self.ranks],
+            "flight_records": self.traces,
+            "servers": self.servers,
+        }
+
+
+def local_evidence(info: LaunchInfo, watch: NodeWatch) -> LocalEvidence:
+    """This node's ranks: stacks, then Flight Recorder traces, then rollout tasks and servers."""
+    wd = info.watchdog
+    ranks = watch.evidence(GatherSettings(wd.stack_method, wd.dump_timeout))
+    started = time.perf_counter()
+    traces = watch.flight_records(FLIGHT_RECORDER_TIMEOUT) if wd.flight_recorder else {}
+    took = time.perf_counter() - started
+    servers = watch.rollout(ranks, ROLLOUT_TIMEOUT)
+    return LocalEvidence(ranks, traces, servers, took)
+
+
+@dataclass
+class Incidents:
+    """The leader's incident desk for one run."""
+
+    info: LaunchInfo
+    node: str
+    nodes: list[str]
+    job_id: str | None
+    watch: NodeWatch
+    coordinator: Coordinator
+    clock: StallClock
+    notifier: Notifier
+    say: Callable[[str], None]
+    answered: set[str] = field(default_factory=set)
+    written: list[Path] = field(default_factory=list)
+    cancelling: bool = False
+
+    def open(
+        self, trigger: Trigger, now: float, statuses: dict, lost: tuple[str, ...] = ()
+    ) -> None:
+        """Gather, classify, write, notify and act on one event (once across all leaders)."""
+        silence = trigger in (Trigger.STALL, Trigger.GPU_IDLE)  # one report per silence
+        key = f"stall-step{self.clock.last_step}" if silence else trigger.value
+        if not self.coordinator.claim(key):
+            return  # another leader already reports this event
+        started = time.perf_counter()
+        evidence, fr_seconds = self.gather(trigger, list(lost), statuses)
+        evidence.job_failed = trigger is Trigger.JOB_FAILED
+        gathered = time.perf_counter()
+        verdict = classify(evidence)
+        timings = {
+            "gather_s": round(gathered - started, 4),
+            "flight_recorder_s": round(fr_seconds, 4),
+            "classify_s": round(time.perf_counter() - gathered, 4),
+        }
+        action = self.info.watchdog.on_hang if trigger in HANG_TRIGGERS else "report"
+        ctx = self.context(trigger, now, action, timings)
+        report = build_report(new_incident_id(verdict.category, now), verdict, evidence, ctx)
+        report = self.notifier.redactor.scrub_tree(report)  # once, for files and messages
+        path = write_incident(Path(self.info.run_dir), report, evidence, self.notifier.redactor)
+        self.written.append(path)
+        self.notifier.submit(report)
+        culprits = format_ranks(verdict.culprit_ranks) or "none named"
+        self.say(
+            f"report written: {path / 'report.md'} -- {verdict.category}, culprit ranks "
+            f"{culprits}: {report['summary']}"
+        )
+        if action == "cancel":
+            self.cancel_job(report["incident_id"])
+
+    def gather(self, trigger: Trigger, lost: list[str], statuses: dict) -> tuple[Evidence, float]:
+        """Evidence from this node directly and from every other live node by request."""
+        peers = [n for n in self.nodes if n != self.node and n not in lost]
+        request_id = self.coordinator.request_evidence(trigger.value) if peers else ""
+        self.answered.add(request_id)
+        mine = local_evidence(self.info, self.watch)
+        answers = (
+            self.coordinator.collect(request_id, peers, self.info.watchdog.evidence_timeout)
+            if peers
+            else {}
+        )
+        ranks, traces, servers = mine.ranks, mine.traces, mine.servers
+        for answer in answers.values():
+            ranks += [Evidence.rank_from_dict(r) for r in answer.get("ranks", [])]
+            traces.update(answer.get("flight_records") or {})
+            servers += [s for s in answer.get("servers") or [] if s not in servers]
+        ranks += self.missing_ranks(ranks, statuses)
+        evidence = Evidence(
+            world_size=self.info.world_size,
+            ranks=sorted(ranks, key=lambda r: r.rank),
+            first_step_seen=self.clock.first_step_at is not None,
+            unanswered_nodes=sorted(set(peers) - set(answers) | set(lost)),
+            lost_nodes=sorted(lost),
+            flight_records=traces,
+            servers=servers,
+        )
+        return evidence, mine.flight_recorder_s
+
+    def missing_ranks(self, seen: list[RankEvidence], statuses: dict) -> list[RankEvidence]:
+        """Ranks of the world size that no node gave evidence for."""
+        known_nodes = {
+            int(r): node
+            for node, status in statuses.items()
+            for r in [*status.get("ranks_alive", {}), *status.get("ranks_gone", [])]
+        }
+        have = {r.rank for r in seen}
+        return [
+            RankEvidence(rank=r, node=known_nodes.get(r, ""), state=MISSING)
+            for r in range(self.info.world_size)
+            if r not in have
+        ]
+
+    def context(
+        self, trigger: Trigger, now: float, action: str, timings: dict[str, float]
+    ) -> IncidentContext:
+        return IncidentContext(
+            backend=self.info.backend,
+            run_id=self.info.run_id,
+            run_dir=self.info.run_dir,
+            world_size=self.info.world_size,
+            nodes=self.nodes,
+            experiment_name=self.info.experiment_name,
+            trial_name=self.info.trial_name,
+            job_id=self.job_id,
+            detected_at=now,
+            last_progress_at=self.clock.last_progress_at if self.clock.first_step_at else None,
+            threshold_s=self.clock.threshold,
+            last_step=self.clock.last_step,
+            trigger=trigger.value,
+            action=action,
+            timings=timings,
+            trajectory=self.last_dump(),
+        )
+
+    def last_dump(self) -> dict[str, object] | None:
+        """The newest completely dumped step, with the command that replays it."""
+        if not self.info.trajectory_dir:
+            return None
+        steps = complete_steps(Path(self.info.trajectory_dir))
+        if not steps:
+            return None
+        step = max(steps)
+        return {
+            "step": step,
+            "files": [str(p) for p in steps[step]],
+            "replay_command": f"areal-launch replay {shlex.quote(self.info.run_dir)} --step {step}",
+        }
+
+    def cancel_job(self, incident_id: str) -> None:
+        """``on_hang: cancel``: record why, then end the job (the launcher, or scancel)."""
+        self.cancelling = True
+        record = {"run_id": self.info.run_id, "incident_id": incident_id, "time": time.time()}
+        write_json_atomic(self.info.layout.cancel_file, record)
+        if self.job_id:
+            self.say(f"on_hang=cancel: scancel {self.job_id}")
+            subprocess.run(["scancel", self.job_id], check=False, capture_output=True)
+        else:
+            self.say("on_hang=cancel: asking the launcher to terminate the job")

@@ -1,0 +1,141 @@
+"""When the leading sidecar acts: pure decisions from a plain snapshot of the job.
+
+The sidecar loop gathers a ``Snapshot`` each poll (progress clock, live and gone ranks, peers'
+exit records and silence, GPUs) and asks ``decide`` what to do; ``decide`` returns the actions
+and the updated ``Reported`` state, and never looks at a file or a process. Each trigger is one
+short rule below, in the order they are tried.
+
+Triggers are not categories: a trigger says why the watchdog looked (``node_silent``: a peer
+sidecar stopped answering), the classifier's category says what it found (``node_lost``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+
+
+class Trigger(str, Enum):
+    """Why an incident was opened (``report.json``'s ``trigger``)."""
+
+    STALL = "stall"  # no progress for longer than the threshold
+    GPU_IDLE = "gpu_idle"  # every GPU idle or spinning, and no progress
+    RANK_EXITED = "rank_exited"  # a rank ended while others live on
+    NODE_SILENT = "node_silent"  # a peer sidecar stopped answering
+    JOB_FAILED = "job_failed"  # every node's job ended, some with a non-zero code
+
+
+class Say(str, Enum):
+    """Terminal lines that are decisions too (said once per silence)."""
+
+    SUSPECTED = "suspected"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the leader knows at one poll; plain values only."""
+
+    now: float
+    first_step_seen: bool
+    silent_for: float  # seconds since the last progress
+    threshold: float  # the stall threshold in force
+    stalled: bool  # the progress clock says the threshold is crossed
+    alive: frozenset[int]  # ranks alive on any node
+    gone: frozenset[int]  # ranks that ended on any node
+    gone_since: float | None  # when a rank was first seen gone while others lived
+    crash_grace: float
+    gpus_quiet_for: float  # every GPU idle or spinning for this long (0: unknown or busy)
+    gpu_idle_timeout: float
+    silent_nodes: tuple[str, ...]  # peers that stopped answering
+    ended_nodes: int  # nodes whose job ended (exit record written)
+    n_nodes: int
+    failed: bool  # some node's job ended with a non-zero code
+    ending_on_purpose: bool  # cancelled by the watchdog, or interrupted by the user
+
+
+@dataclass(frozen=True)
+class Reported:
+    """What was already said or reported, so each event is reported once."""
+
+    silence: bool = False  # this silence was reported (stall or GPU idle)
+    failure: bool = False  # a crash, a silent node or a failed job was reported
+    suspected: bool = False  # "stall suspected" was said for this silence
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing for the loop to do: open an incident, say a line, or finish."""
+
+    trigger: Trigger | None = None
+    say: Say | None = None
+    lost: tuple[str, ...] = ()
+
+
+def decide(snap: Snapshot, reported: Reported) -> tuple[list[Action], Reported]:
+    """The leader's actions for this poll, in order, and the new ``Reported`` state."""
+    actions: list[Action] = []
+    for rule in (_node_silent, _job_ended, _rank_exited, _gpu_idle, _suspected, _stall):
+        action, reported = rule(snap, reported)
+        if action is not None:
+            actions.append(action)
+            if action.say is Say.FINISHED:
+                break
+    return actions, reported
+
+
+def progressed(reported: Reported) -> Reported:
+    """Progress ends a silence: the next one is reported afresh."""
+    return replace(reported, silence=False, suspected=False)
+
+
+Rule = tuple[Action | None, Reported]
+
+
+def _node_silent(snap: Snapshot, reported: Reported) -> Rule:
+    if not snap.silent_nodes or reported.failure:
+        return None, reported
+    action = Action(trigger=Trigger.NODE_SILENT, lost=snap.silent_nodes)
+    return action, replace(reported, failure=True, silence=True)
+
+
+def _job_ended(snap: Snapshot, reported: Reported) -> Rule:
+    if snap.ended_nodes + len(snap.silent_nodes) < snap.n_nodes:
+        return None, reported
+    if snap.failed and not snap.ending_on_purpose and not reported.failure:
+        return Action(Trigger.JOB_FAILED, Say.FINISHED), replace(reported, failure=True)
+    return Action(say=Say.FINISHED), reported
+
+
+def _rank_exited(snap: Snapshot, reported: Reported) -> Rule:
+    if snap.ending_on_purpose or reported.failure or not (snap.gone and snap.alive):
+        return None, reported
+    if snap.gone_since is None or snap.now - snap.gone_since < snap.crash_grace:
+        return None, reported
+    return Action(trigger=Trigger.RANK_EXITED), replace(reported, failure=True)
+
+
+def _gpu_idle(snap: Snapshot, reported: Reported) -> Rule:
+    if snap.ending_on_purpose or reported.silence or not snap.alive:
+        return None, reported
+    if not snap.first_step_seen:  # GPUs idle while models load is no hang
+        return None, reported
+    if min(snap.gpus_quiet_for, snap.silent_for) < snap.gpu_idle_timeout:
+        return None, reported
+    return Action(trigger=Trigger.GPU_IDLE), replace(reported, silence=True)
+
+
+def _suspected(snap: Snapshot, reported: Reported) -> Rule:
+    if snap.ending_on_purpose or reported.silence or reported.suspected or not snap.alive:
+        return None, reported
+    if snap.silent_for <= snap.threshold * 2 / 3:
+        return None, reported
+    return Action(say=Say.SUSPECTED), replace(reported, suspected=True)
+
+
+def _stall(snap: Snapshot, reported: Reported) -> Rule:
+    if snap.ending_on_purpose or reported.silence or not snap.alive:
+        return None, reported
+    if not snap.stalled:
+        return None, reported
+    return Action(trigger=Trigger.STALL), replace(reported, silence=True)

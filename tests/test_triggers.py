@@ -1,0 +1,86 @@
+"""The leader's decisions, without processes: each trigger fires once, in order, and an ending
+on purpose (a cancel, a user's Ctrl-C) is never taken for a failure."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from areal_watchdog.watch.triggers import Reported, Say, Snapshot, Trigger, decide, progressed
+
+HEALTHY = Snapshot(
+    now=100.0,
+    first_step_seen=True,
+    silent_for=1.0,
+    threshold=10.0,
+    stalled=False,
+    alive=frozenset({0, 1, 2, 3}),
+    gone=frozenset(),
+    gone_since=None,
+    crash_grace=5.0,
+    gpus_quiet_for=0.0,
+    gpu_idle_timeout=30.0,
+    silent_nodes=(),
+    ended_nodes=0,
+    n_nodes=2,
+    failed=False,
+    ending_on_purpose=False,
+)
+
+
+NOTHING_YET = Reported()
+
+
+def triggers(snap: Snapshot, reported: Reported = NOTHING_YET) -> list:
+    actions, _ = decide(snap, reported)
+    return [a.trigger or a.say for a in actions]
+
+
+def test_a_healthy_job_triggers_nothing() -> None:
+    assert triggers(HEALTHY) == []
+
+
+def test_a_silence_is_suspected_then_reported_once() -> None:
+    suspected = replace(HEALTHY, silent_for=7.0)
+    actions, reported = decide(suspected, Reported())
+    assert [a.say for a in actions] == [Say.SUSPECTED]
+    assert triggers(suspected, reported) == []  # said once
+    stalled = replace(HEALTHY, silent_for=10.5, stalled=True)
+    actions, reported = decide(stalled, reported)
+    assert [a.trigger for a in actions] == [Trigger.STALL]
+    assert triggers(stalled, reported) == []  # reported once per silence
+    assert triggers(stalled, progressed(reported)) == [Say.SUSPECTED, Trigger.STALL]  # anew
+
+
+def test_idle_gpus_report_the_silence_before_the_threshold() -> None:
+    idle = replace(HEALTHY, silent_for=31.0, threshold=600.0, gpus_quiet_for=35.0)
+    assert triggers(idle) == [Trigger.GPU_IDLE]
+    assert triggers(replace(idle, first_step_seen=False)) == []  # models still loading
+
+
+def test_a_rank_that_exits_while_others_live_waits_out_the_grace() -> None:
+    gone = replace(HEALTHY, alive=frozenset({0, 1, 2}), gone=frozenset({3}), gone_since=98.0)
+    assert triggers(gone) == []
+    assert triggers(replace(gone, now=104.0)) == [Trigger.RANK_EXITED]
+
+
+def test_a_silent_node_is_reported_once_and_ends_the_silence_too() -> None:
+    snap = replace(HEALTHY, silent_nodes=("node2",), silent_for=11, stalled=True)
+    actions, reported = decide(snap, Reported())
+    assert [(a.trigger, a.lost) for a in actions] == [(Trigger.NODE_SILENT, ("node2",))]
+    assert reported.failure and reported.silence
+    assert triggers(snap, reported) == []
+
+
+def test_the_job_ending_finishes_and_a_failure_is_reported_first() -> None:
+    ended = replace(HEALTHY, ended_nodes=2, alive=frozenset())
+    assert triggers(ended) == [Say.FINISHED]
+    actions, _ = decide(replace(ended, failed=True), Reported())
+    assert [(a.trigger, a.say) for a in actions] == [(Trigger.JOB_FAILED, Say.FINISHED)]
+
+
+def test_an_ending_on_purpose_is_no_failure_and_no_hang() -> None:
+    on_purpose = replace(HEALTHY, ending_on_purpose=True)
+    assert triggers(replace(on_purpose, ended_nodes=2, failed=True)) == [Say.FINISHED]
+    gone = replace(on_purpose, alive=frozenset({0}), gone=frozenset({1}), gone_since=0.0)
+    assert triggers(gone) == []
+    assert triggers(replace(on_purpose, silent_for=20, stalled=True)) == []
