@@ -366,151 +366,239 @@ def _group(ranks: list[RankEvidence], activities: dict[int, Activity]) -> list[S
     return sorted(by_signature.values(), key=lambda g: (-len(g.ranks), min(g.ranks)))
 
 
+@dataclass
+class Scene:
+    """The ranks sorted by what they do: what every rule reads."""
+
+    evidence: Evidence
+    acts: dict[int, Activity]
+    alive: list[RankEvidence]
+    missing: list[int]
+    unresponsive: list[int]
+    by_kind: dict[str, list[int]]
+
+    @classmethod
+    def of(cls, evidence: Evidence, acts: dict[int, Activity]) -> Scene:
+        alive = [r for r in evidence.ranks if r.state in (BLOCKED, RUNNING)]
+        by_kind: dict[str, list[int]] = {}
+        for r in alive:
+            by_kind.setdefault(acts[r.rank].kind, []).append(r.rank)
+        return cls(
+            evidence,
+            acts,
+            alive,
+            [r.rank for r in evidence.ranks if r.state == MISSING],
+            [r.rank for r in evidence.ranks if r.state == UNRESPONSIVE],
+            by_kind,
+        )
+
+    def kind(self, *kinds: str) -> list[int]:
+        return [r for k in kinds for r in self.by_kind.get(k, [])]
+
+
 def _decide(evidence: Evidence, acts: dict[int, Activity]) -> Verdict:
-    ranks = evidence.ranks
-    if evidence.lost_nodes:
-        lost = sorted(evidence.lost_nodes)
-        culprits = sorted(r.rank for r in ranks if r.node in lost)
-        who = f" ({ranks_phrase(culprits)})" if culprits else ""
-        return Verdict(
-            "node_lost",
-            0.9,
-            culprits,
-            f"Node{'s' if len(lost) > 1 else ''} {', '.join(lost)}{who} vanished: the watchdog "
-            f"sidecar and the ranks there stopped answering (node failure, OOM kill or "
-            f"preemption); the other ranks fail or wait because of it.",
-        )
-    exited = [r for r in ranks if r.state == EXITED]
-    if exited or evidence.job_failed:
-        return _crash_verdict(evidence, acts)
-    missing = [r.rank for r in ranks if r.state == MISSING]
-    alive = [r for r in ranks if r.state in (BLOCKED, RUNNING)]
-    unresponsive = [r.rank for r in ranks if r.state == UNRESPONSIVE]
-    by_kind: dict[str, list[int]] = {}
-    for r in alive:
-        by_kind.setdefault(acts[r.rank].kind, []).append(r.rank)
-    waiting = by_kind.get("collective", []) + by_kind.get("p2p", [])
-
-    if not evidence.first_step_seen and (by_kind.get("init") or missing):
-        in_init = by_kind.get("init", []) + [
-            r
-            for r in by_kind.get("collective", [])
-            if acts[r].op in ("barrier", "monitored_barrier")
-        ]
-        others = [r.rank for r in alive if r.rank not in in_init] + missing + unresponsive
-        if in_init:
-            culprit_text = (
-                f"{ranks_phrase(others)} never arrived ({_first_where(others, acts)})"
-                if others
-                else "no rank can be named as late"
-            )
-            return Verdict(
-                "init_deadlock",
-                0.85 if others else 0.5,
-                sorted(others),
-                f"Before the first step, {ranks_phrase(in_init)} wait in {acts[in_init[0]].op} "
-                f"for their peers; {culprit_text}.",
-            )
-    if missing:
-        return Verdict(
-            "unknown",
-            0.3,
-            sorted(missing),
-            f"{ranks_phrase(missing)} never registered with the watchdog.",
-        )
-    if not alive:
-        return Verdict(
-            "unknown",
-            0.2,
-            sorted(unresponsive),
-            "No stack could be taken from any rank; see the errors in the report.",
-        )
-
-    cleanup = by_kind.get("cleanup", [])
-    if cleanup and len(cleanup) < len(alive):
-        rest = [r.rank for r in alive if r.rank not in cleanup]
-        return Verdict(
-            "cleanup_deadlock",
-            0.85,
-            sorted(cleanup),
-            f"{_cap(ranks_phrase(cleanup))} already left the training loop and {_is(cleanup)} "
-            f"in cleanup ({acts[cleanup[0]].where}) while {ranks_phrase(rest)} still wait in "
-            f"{acts[rest[0]].where}: the loop was left early (an early break or an exception).",
-        )
-    p2p = by_kind.get("p2p", [])
-    if p2p:
-        culprits = _minority(p2p, acts) if len(p2p) * 2 > len(alive) else p2p
-        if not culprits:
-            culprits = p2p
-        return Verdict(
-            "p2p_mismatch",
-            0.75,
-            sorted(culprits),
-            f"{_cap(ranks_phrase(culprits))} wait{_s(culprits)} in point-to-point "
-            f"{acts[culprits[0]].where} with no matching peer operation.",
-        )
-    loaders = by_kind.get("dataloader", [])
-    collective = by_kind.get("collective", [])
-    if loaders and collective:
-        return Verdict(
-            "dataloader_stall",
-            0.85,
-            sorted(loaders),
-            f"{_cap(ranks_phrase(loaders))} {_is(loaders)} blocked fetching data "
-            f"({acts[loaders[0]].where}) while {ranks_phrase(collective)} wait in "
-            f"{acts[collective[0]].op}.",
-        )
-    busy = by_kind.get("running", []) + loaders + unresponsive
-    if waiting and busy:
-        return Verdict(
-            "straggler",
-            0.8 if len(busy) < len(waiting) else 0.55,
-            sorted(busy),
-            f"{_cap(ranks_phrase(busy))} {_is(busy)} still in ordinary code "
-            f"({_first_where(busy, acts)}) while {ranks_phrase(waiting)} wait in "
-            f"{acts[waiting[0]].op}: a straggler, not a code-path difference.",
-        )
-    if collective and len(collective) == len(alive):
-        signatures = Counter(acts[r].signature for r in collective)
-        frozen = [r.rank for r in alive if r.process_status == "stopped"]
-        if len(signatures) == 1 and frozen:
-            return Verdict(
-                "collective_stuck",
-                0.8,
-                sorted(frozen),
-                f"All {len(collective)} ranks wait in the same collective "
-                f"({acts[collective[0]].where}), and {ranks_phrase(frozen)} "
-                f"{_is(frozen)} stopped (SIGSTOP or a debugger): a frozen peer.",
-            )
-        if len(signatures) == 1:
-            return Verdict(
-                "collective_stuck",
-                0.7,
-                [],
-                f"All {len(collective)} ranks wait in the same collective "
-                f"({acts[collective[0]].where}): the code paths agree, so suspect the network, "
-                f"NCCL or a frozen peer.",
-            )
-        culprits = _minority(collective, acts)
-        dominant = [r for r in collective if r not in culprits]
-        tie = len(culprits) * 2 >= len(collective)
-        return Verdict(
-            "collective_mismatch",
-            0.45 if tie else (0.9 if len(culprits) * 4 <= len(collective) else 0.75),
-            sorted(culprits),
-            f"{_cap(ranks_phrase(culprits))} {_is(culprits)} blocked in "
-            f"{acts[culprits[0]].where} while {ranks_phrase(dominant)} wait in "
-            f"{acts[dominant[0]].where}: the ranks took different code paths."
-            if dominant
-            else f"The ranks wait in different collectives ({len(signatures)} call sites) with no "
-            f"majority: the ranks took different code paths.",
-        )
+    """The first rule that recognises the scene names the category (docs/hang-categories.md)."""
+    scene = Scene.of(evidence, acts)
+    for rule in RULES:
+        verdict = rule(scene)
+        if verdict is not None:
+            return verdict
     return Verdict(
         "unknown",
         0.2,
-        sorted(unresponsive),
+        sorted(scene.unresponsive),
         "The stacks fit no known hang pattern; read the stack groups below.",
     )
+
+
+def _node_lost(scene: Scene) -> Verdict | None:
+    lost = sorted(scene.evidence.lost_nodes)
+    if not lost:
+        return None
+    culprits = sorted(r.rank for r in scene.evidence.ranks if r.node in lost)
+    who = f" ({ranks_phrase(culprits)})" if culprits else ""
+    return Verdict(
+        "node_lost",
+        0.9,
+        culprits,
+        f"Node{'s' if len(lost) > 1 else ''} {', '.join(lost)}{who} vanished: the watchdog "
+        f"sidecar and the ranks there stopped answering (node failure, OOM kill or "
+        f"preemption); the other ranks fail or wait because of it.",
+    )
+
+
+def _crashed(scene: Scene) -> Verdict | None:
+    exited = any(r.state == EXITED for r in scene.evidence.ranks)
+    if not (exited or scene.evidence.job_failed):
+        return None
+    return _crash_verdict(scene.evidence, scene.acts)
+
+
+def _init_deadlock(scene: Scene) -> Verdict | None:
+    acts = scene.acts
+    if scene.evidence.first_step_seen or not (scene.kind("init") or scene.missing):
+        return None
+    barrier = [
+        r for r in scene.kind("collective") if acts[r].op in ("barrier", "monitored_barrier")
+    ]
+    in_init = scene.kind("init") + barrier
+    if not in_init:
+        return None
+    others = [r.rank for r in scene.alive if r.rank not in in_init]
+    others += scene.missing + scene.unresponsive
+    late = (
+        f"{ranks_phrase(others)} never arrived ({_first_where(others, acts)})"
+        if others
+        else "no rank can be named as late"
+    )
+    return Verdict(
+        "init_deadlock",
+        0.85 if others else 0.5,
+        sorted(others),
+        f"Before the first step, {ranks_phrase(in_init)} wait in {acts[in_init[0]].op} "
+        f"for their peers; {late}.",
+    )
+
+
+def _never_registered(scene: Scene) -> Verdict | None:
+    if not scene.missing:
+        return None
+    return Verdict(
+        "unknown",
+        0.3,
+        sorted(scene.missing),
+        f"{ranks_phrase(scene.missing)} never registered with the watchdog.",
+    )
+
+
+def _no_stack(scene: Scene) -> Verdict | None:
+    if scene.alive:
+        return None
+    return Verdict(
+        "unknown",
+        0.2,
+        sorted(scene.unresponsive),
+        "No stack could be taken from any rank; see the errors in the report.",
+    )
+
+
+def _cleanup_deadlock(scene: Scene) -> Verdict | None:
+    cleanup, acts = scene.kind("cleanup"), scene.acts
+    if not cleanup or len(cleanup) >= len(scene.alive):
+        return None
+    rest = [r.rank for r in scene.alive if r.rank not in cleanup]
+    return Verdict(
+        "cleanup_deadlock",
+        0.85,
+        sorted(cleanup),
+        f"{_cap(ranks_phrase(cleanup))} already left the training loop and {_is(cleanup)} "
+        f"in cleanup ({acts[cleanup[0]].where}) while {ranks_phrase(rest)} still wait in "
+        f"{acts[rest[0]].where}: the loop was left early (an early break or an exception).",
+    )
+
+
+def _p2p_mismatch(scene: Scene) -> Verdict | None:
+    p2p = scene.kind("p2p")
+    if not p2p:
+        return None
+    culprits = (_minority(p2p, scene.acts) if len(p2p) * 2 > len(scene.alive) else p2p) or p2p
+    return Verdict(
+        "p2p_mismatch",
+        0.75,
+        sorted(culprits),
+        f"{_cap(ranks_phrase(culprits))} wait{_s(culprits)} in point-to-point "
+        f"{scene.acts[culprits[0]].where} with no matching peer operation.",
+    )
+
+
+def _dataloader_stall(scene: Scene) -> Verdict | None:
+    loaders, collective = scene.kind("dataloader"), scene.kind("collective")
+    if not (loaders and collective):
+        return None
+    return Verdict(
+        "dataloader_stall",
+        0.85,
+        sorted(loaders),
+        f"{_cap(ranks_phrase(loaders))} {_is(loaders)} blocked fetching data "
+        f"({scene.acts[loaders[0]].where}) while {ranks_phrase(collective)} wait in "
+        f"{scene.acts[collective[0]].op}.",
+    )
+
+
+def _straggler(scene: Scene) -> Verdict | None:
+    waiting = scene.kind("collective", "p2p")
+    busy = scene.kind("running", "dataloader") + scene.unresponsive
+    if not (waiting and busy):
+        return None
+    return Verdict(
+        "straggler",
+        0.8 if len(busy) < len(waiting) else 0.55,
+        sorted(busy),
+        f"{_cap(ranks_phrase(busy))} {_is(busy)} still in ordinary code "
+        f"({_first_where(busy, scene.acts)}) while {ranks_phrase(waiting)} wait in "
+        f"{scene.acts[waiting[0]].op}: a straggler, not a code-path difference.",
+    )
+
+
+def _collective_stuck(scene: Scene) -> Verdict | None:
+    collective, acts = scene.kind("collective"), scene.acts
+    if not collective or len(collective) != len(scene.alive):
+        return None
+    if len({acts[r].signature for r in collective}) != 1:
+        return None
+    where = acts[collective[0]].where
+    frozen = [r.rank for r in scene.alive if r.process_status == "stopped"]
+    if frozen:
+        return Verdict(
+            "collective_stuck",
+            0.8,
+            sorted(frozen),
+            f"All {len(collective)} ranks wait in the same collective ({where}), and "
+            f"{ranks_phrase(frozen)} {_is(frozen)} stopped (SIGSTOP or a debugger): a frozen peer.",
+        )
+    return Verdict(
+        "collective_stuck",
+        0.7,
+        [],
+        f"All {len(collective)} ranks wait in the same collective ({where}): the code paths "
+        f"agree, so suspect the network, NCCL or a frozen peer.",
+    )
+
+
+def _collective_mismatch(scene: Scene) -> Verdict | None:
+    collective, acts = scene.kind("collective"), scene.acts
+    if not collective or len(collective) != len(scene.alive):
+        return None
+    culprits = _minority(collective, acts)
+    dominant = [r for r in collective if r not in culprits]
+    tie = len(culprits) * 2 >= len(collective)
+    sites = len({acts[r].signature for r in collective})
+    summary = (
+        f"{_cap(ranks_phrase(culprits))} {_is(culprits)} blocked in {acts[culprits[0]].where} "
+        f"while {ranks_phrase(dominant)} wait in {acts[dominant[0]].where}: the ranks took "
+        f"different code paths."
+        if dominant
+        else f"The ranks wait in different collectives ({sites} call sites) with no majority: "
+        f"the ranks took different code paths."
+    )
+    confidence = 0.45 if tie else (0.9 if len(culprits) * 4 <= len(collective) else 0.75)
+    return Verdict("collective_mismatch", confidence, sorted(culprits), summary)
+
+
+# The categories, in the order they are tried: the first that fits wins.
+RULES = (
+    _node_lost,
+    _crashed,
+    _init_deadlock,
+    _never_registered,
+    _no_stack,
+    _cleanup_deadlock,
+    _p2p_mismatch,
+    _dataloader_stall,
+    _straggler,
+    _collective_stuck,
+    _collective_mismatch,
+)
 
 
 def _minority(rank_ids: list[int], acts: dict[int, Activity]) -> list[int]:
