@@ -21,7 +21,7 @@ from areal_watchdog.notify.delivery import Spool, delivery_id, send
 from areal_watchdog.notify.envelope import ENVELOPE_SCHEMA, verify
 from areal_watchdog.notify.notifier import Notifier, render
 from areal_watchdog.notify.sinks import SinkSpec, parse_sinks, resolve
-from areal_watchdog.notify.slack import build_slack_message, check_limits
+from areal_watchdog.notify.slack import MAX_GROUPS_SHOWN, build_slack_message, check_limits
 from areal_watchdog.report.build import IncidentContext, build_report
 from areal_watchdog.report.sample import sample_report
 from conftest import DEMO_CONFIG
@@ -120,10 +120,8 @@ def test_receiver_down_then_up_is_spooled_then_delivered_once(tmp_path: Path, re
     notifier.submit(report)
     spool = Spool(tmp_path / "spool")
     deadline = time.time() + 10
-    while (
-        time.time() < deadline
-        and "not sent yet" in json.dumps(spool.pending())
-        or not spool.pending()
+    while time.time() < deadline and (
+        "not sent yet" in json.dumps(spool.pending()) or not spool.pending()
     ):
         time.sleep(0.1)
     assert len(spool.pending()) == 1 and "ConnectionError" in spool.pending()[0]["last_error"]
@@ -199,8 +197,8 @@ def test_slack_message_stays_inside_limits(world: int, groups: int) -> None:
     texts = json.dumps(message)
     assert "collective_mismatch in exp/trial" in texts
     assert report["files"]["incident_dir"] in texts
-    if len(report["groups"]) > 40:
-        assert "more stack groups" in texts
+    folded = len(report["groups"]) > MAX_GROUPS_SHOWN
+    assert ("more stack groups" in texts) == folded, len(report["groups"])
 
 
 def test_slack_fold_for_1024_ranks_and_40_groups() -> None:

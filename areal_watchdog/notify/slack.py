@@ -39,84 +39,86 @@ def build_slack_message(report: dict[str, Any]) -> dict[str, Any]:
     """The JSON body to POST to a Slack incoming webhook."""
     job = report["job"]
     name = f"{job.get('experiment_name') or '?'}/{job.get('trial_name') or '?'}"
-    culprits = _ranks(report["culprit_ranks"]) or "none named"
-    nodes = ", ".join(report["culprit_nodes"]) or "-"
-    stalled = report.get("stalled_for_s")
-    stuck = f"{stalled:.0f} s" if isinstance(stalled, (int, float)) else "-"
     text = _clip(
         f"[areal-watchdog] {report['category']} in {name}: {report['summary']}", MAX_SECTION_CHARS
     )
-    blocks: list[dict[str, Any]] = [
-        {
-            "type": "header",
-            "text": {
-                "type": "plain_text",
-                "emoji": False,
-                "text": _clip(f"{report['category']} in {name}", MAX_HEADER_CHARS),
-            },
-        },
+    blocks = _head_blocks(report, name) + _collective_blocks(report)
+    tail = _tail_blocks(report)
+    budget = MAX_TOTAL_CHARS - sum(len(str(b)) for b in blocks + tail) - len(text)
+    room = min(MAX_GROUPS_SHOWN, MAX_BLOCKS - len(blocks) - len(tail) - 1)  # keep the fold line
+    return {"text": text, "blocks": blocks + _group_blocks(report["groups"], room, budget) + tail}
+
+
+def _head_blocks(report: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """Header, summary and the facts: culprits (ranks, nodes, workers), step, stuck, size."""
+    job = report["job"]
+    stalled = report.get("stalled_for_s")
+    stuck = f"{stalled:.0f} s" if isinstance(stalled, (int, float)) else "-"
+    facts = [
+        ("Culprit ranks", _ranks(report["culprit_ranks"]) or "none named"),
+        ("Culprit nodes", ", ".join(report["culprit_nodes"]) or "-"),
+        ("Last step", str(report["last_step"])),
+        ("Stuck for", stuck),
+        ("World size", str(job["world_size"])),
+        ("Confidence", str(report["confidence"])),
+    ]
+    if report.get("cause"):
+        facts.append(("Cause", report["cause"]))
+    workers = [w.get("address") or w.get("role") for w in report.get("culprit_workers") or []]
+    if workers:
+        facts.append(("Culprit workers", ", ".join(str(w) for w in workers)))
+    fields = [{"type": "mrkdwn", "text": _clip(f"*{k}*\n{v}", 2000)} for k, v in facts[:10]]
+    header = _clip(f"{report['category']} in {name}", MAX_HEADER_CHARS)
+    return [
+        {"type": "header", "text": {"type": "plain_text", "emoji": False, "text": header}},
         _section(f"*{report['summary']}*"),
-        {
-            "type": "section",
-            "fields": [
-                {"type": "mrkdwn", "text": _clip(f"*Culprit ranks*\n{culprits}", 2000)},
-                {"type": "mrkdwn", "text": _clip(f"*Culprit nodes*\n{nodes}", 2000)},
-                {"type": "mrkdwn", "text": f"*Last step*\n{report['last_step']}"},
-                {"type": "mrkdwn", "text": f"*Stuck for*\n{stuck}"},
-                {"type": "mrkdwn", "text": f"*World size*\n{job['world_size']}"},
-                {"type": "mrkdwn", "text": f"*Confidence*\n{report['confidence']}"},
-            ],
-        },
+        {"type": "section", "fields": fields},
         {"type": "divider"},
     ]
+
+
+def _collective_blocks(report: dict[str, Any]) -> list[dict[str, Any]]:
     collectives = report.get("collectives")
-    if collectives:
-        rows = [f"group {g['group']}: {'; '.join(g['table'])}" for g in collectives["groups"]]
-        blocks.append(
-            _section(
-                "*Collective record* (Flight Recorder)\n"
-                + "\n".join(rows[:8])
-                + f"\n_{collectives['agreement']}_"
-            )
-        )
+    if not collectives:
+        return []
+    rows = [f"group {g['group']}: {'; '.join(g['table'])}" for g in collectives["groups"]]
+    body = "\n".join(rows[:8])
+    return [
+        _section(f"*Collective record* (Flight Recorder)\n{body}\n_{collectives['agreement']}_")
+    ]
+
+
+def _tail_blocks(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Where the full report is, and the command that replays the last dumped step."""
+    where = _clip(f"Full report: `{report['files']['incident_dir']}`", MAX_SECTION_CHARS)
     tail: list[dict[str, Any]] = [
-        {
-            "type": "context",
-            "elements": [
-                {
-                    "type": "mrkdwn",
-                    "text": _clip(
-                        f"Full report: `{report['files']['incident_dir']}`", MAX_SECTION_CHARS
-                    ),
-                }
-            ],
-        }
+        {"type": "context", "elements": [{"type": "mrkdwn", "text": where}]}
     ]
     replay = (report.get("trajectory") or {}).get("replay_command")
     if replay:
         tail.append(_section(f"Replay the last dumped step:\n```{replay}```"))
-    budget = MAX_TOTAL_CHARS - sum(len(str(b)) for b in blocks + tail) - len(text)
-    groups = report["groups"]
-    room = min(MAX_GROUPS_SHOWN, MAX_BLOCKS - len(blocks) - len(tail) - 1)  # keep the fold line
-    shown = 0
+    return tail
+
+
+def _group_blocks(groups: list[dict[str, Any]], room: int, budget: int) -> list[dict[str, Any]]:
+    """As many stack groups as fit; the rest fold into one "... and N more" line."""
+    blocks: list[dict[str, Any]] = []
     for group in groups:
         block = _section(f"*{_ranks(group['ranks'])}*: `{_clip(group['where'], MAX_WHERE_CHARS)}`")
         cost = len(str(block))
-        if shown >= room or cost > budget:
+        if len(blocks) >= room or cost > budget:
             break
         blocks.append(block)
         budget -= cost
-        shown += 1
-    if shown < len(groups):
-        hidden = groups[shown:]
+    hidden = groups[len(blocks) :]
+    if hidden:
+        ranks = sum(len(g["ranks"]) for g in hidden)
         blocks.append(
             _section(
-                f"\u2026 and {len(hidden)} more stack groups "
-                f"({sum(len(g['ranks']) for g in hidden)} ranks): see the full "
-                "report."
+                f"\u2026 and {len(hidden)} more stack groups ({ranks} ranks): see the full report."
             )
         )
-    return {"text": text, "blocks": blocks + tail}
+    return blocks
 
 
 def check_limits(message: dict[str, Any]) -> list[str]:
