@@ -49,6 +49,10 @@ def test_hang_is_caught_replayed_and_healthy_losses_match(launcher: Launcher) ->
     assert "rollout engine started" in original.output
     losses = {int(s): v for s, v in LOSS.findall(original.output)}
     assert sorted(losses) == [1, 2, 3]
+    # one meaning of "step": the last completed one, on the terminal and in the report
+    assert report["last_step"] == 3
+    seen = re.findall(r"first step seen: step (\d+)", original.output)
+    assert seen and all(int(s) <= 3 for s in seen), seen
 
     # 1. the default replay reproduces the very same hang, without any rollout
     again = replay(launcher, run_dir, *[f"++{o}" for o in FAST])

@@ -66,7 +66,8 @@ def _get_beacon() -> _Beacon:
 
 
 def heartbeat(step: int | None = None) -> None:
-    """Tell the watchdog this rank made progress (``step``: the global step, if known).
+    """Tell the watchdog this rank made progress: ``step`` is the last COMPLETED global step
+    (the meaning of "step" everywhere: step lines, reports), or None when only alive.
 
     Safe to call every step from every rank: a write happens at most when the step changes or
     once a second, and nothing at all happens when no watchdog runs.

@@ -147,7 +147,9 @@ class Replay:
         )
 
     def batches(self) -> Iterator[tuple[int, Batch]]:
-        """(step, this rank's groups) for every replayed step, in order; each is a heartbeat."""
+        """(step, this rank's groups) for every replayed step, in order; fetching a step tells
+        the watchdog that the one before it completed."""
+        completed = None
         for step in self.steps:
             groups = load_global_batch(
                 self.directory,
@@ -156,5 +158,6 @@ class Replay:
                 unsafe=self.unsafe,
                 checksum=self.checksum,
             )
-            heartbeat(step)
+            heartbeat(completed)
+            completed = step
             yield step, split_for_rank(groups, self.dp_rank, self.dp_size)

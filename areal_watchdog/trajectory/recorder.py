@@ -88,6 +88,7 @@ def _to_cpu(value: Any) -> Any:
 class _Job:
     step: int
     batch: Batch
+    completed: int | None  # the step finished before this one (the heartbeat's meaning)
 
 
 class TrajectoryRecorder:
@@ -121,6 +122,7 @@ class TrajectoryRecorder:
         self.disabled_reason: str | None = None
         self.blocked_seconds = 0.0  # time record() waited on a full queue
         self.written: list[int] = []
+        self.last_step: int | None = None  # the step recorded last: complete once another comes
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=max(1, max_pending))
         self._thread = threading.Thread(
             target=self._write_loop, name="areal-trajectory-writer", daemon=True
@@ -152,9 +154,14 @@ class TrajectoryRecorder:
         )
 
     def record(self, step: int, batch: Batch, copy: bool = False) -> None:
-        """Queue ``batch`` as step ``step`` (a heartbeat too); waits only when the queue is full."""
+        """Queue ``batch`` as step ``step``; waits only when the queue is full.
+
+        A batch arrives when its step starts, so it tells the watchdog that the step recorded
+        before it completed (a heartbeat carries the last completed step, like the step lines).
+        """
+        completed, self.last_step = self.last_step, step
         if self.disabled_reason or (self.dump_steps is not None and step not in self.dump_steps):
-            heartbeat(step)
+            heartbeat(completed)
             return
         snapshot = _snapshot(batch)
         if copy:
@@ -163,7 +170,7 @@ class TrajectoryRecorder:
                 for g in snapshot
             ]
         started = time.perf_counter()
-        self._queue.put(_Job(step, snapshot))
+        self._queue.put(_Job(step, snapshot, completed))
         self.blocked_seconds += time.perf_counter() - started
 
     def flush(self, timeout: float = 60.0) -> None:
@@ -192,7 +199,7 @@ class TrajectoryRecorder:
             try:
                 if job is None:
                     return
-                heartbeat(job.step)  # off the training thread: it is a file write
+                heartbeat(job.completed)  # off the training thread: it is a file write
                 if not self.disabled_reason:
                     self._write(job)
             finally:

@@ -208,7 +208,7 @@ class Sidecar:
             return
         if self.reported.silence:
             self.say(f"progress resumed at step {self.clock.last_step}")
-        elif self.clock.first_step_at == now and len(progress) == len(steps):
+        elif self.clock.first_step_at == now:
             self.say(f"first step seen: step {self.clock.last_step}")
         else:
             self.say("steps progressing")
