@@ -1,0 +1,106 @@
+"""The launcher's life and death, as a user meets them: nothing of the run outlives it, an
+interrupt pages nobody, a dead sidecar is noticed and replaced, and after a cancel the last
+words on the terminal are the verdict and where the report is."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import FAST, Launcher, processes_under, read_reports
+
+pytestmark = pytest.mark.slow
+
+HEALTHY_LONG = [*FAST, "launch.nproc_per_node=2", "demo.hang=none", "demo.steps=400"]
+
+
+def wait_for(proc: subprocess.Popen, text: str, timeout: float = 60) -> str:
+    """Read the launcher's output until ``text`` appears; return what was read."""
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        seen += line
+        if text in line:
+            return seen
+    pytest.fail(f"{text!r} never appeared:\n{seen[-3000:]}")
+
+
+def gone_within(root: Path, seconds: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        left = [p for p in processes_under(root) if p.is_running() and p.status() != "zombie"]
+        if not left:
+            return []
+        time.sleep(0.25)
+    return left
+
+
+def test_kill_9_of_the_launcher_leaves_no_process_of_the_run(launcher: Launcher) -> None:
+    proc, _ = launcher.start(HEALTHY_LONG)
+    wait_for(proc, "first step seen")
+    os.killpg(proc.pid, 0)  # the launcher's session exists
+    proc.kill()  # only the launcher: its children live in sessions of their own
+    proc.wait()
+    left = gone_within(launcher.root, 15)
+    assert left == [], [p.cmdline() for p in left]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT])
+def test_an_interrupt_ends_everything_and_pages_nobody(launcher: Launcher, sig: int) -> None:
+    proc, run_dir = launcher.start(HEALTHY_LONG)
+    wait_for(proc, "first step seen")
+    proc.send_signal(sig)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output[-3000:]
+    assert "interrupted: stopping the job" in output
+    assert read_reports(run_dir) == [], "an interrupt by the user is not a failure"
+    assert "report written" not in output
+    assert gone_within(launcher.root, 10) == []
+
+
+def test_a_second_interrupt_kills_at_once(launcher: Launcher) -> None:
+    proc, _ = launcher.start(HEALTHY_LONG)
+    wait_for(proc, "first step seen")
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert time.monotonic() - started < 15
+    assert gone_within(launcher.root, 10) == []
+
+
+def test_a_killed_sidecar_is_replaced_and_the_hang_still_reported(launcher: Launcher) -> None:
+    proc, run_dir = launcher.start(
+        [*FAST, "launch.nproc_per_node=3", "demo.hang=collective_mismatch", "demo.hang_step=6"]
+    )
+    wait_for(proc, "first step seen")
+    (sidecar,) = [
+        p for p in processes_under(launcher.root) if "areal_watchdog.watch.sidecar" in p.cmdline()
+    ]
+    sidecar.kill()
+    output, _ = proc.communicate(timeout=120)
+    assert "the watchdog sidecar died (exit -9): restarting it (1/3)" in output
+    assert proc.returncode == 3, output[-3000:]
+    (report,) = read_reports(run_dir)
+    assert report["category"] == "collective_mismatch" and report["culprit_ranks"] == [2]
+
+
+def test_after_a_cancel_the_verdict_is_the_last_word(launcher: Launcher) -> None:
+    result = launcher.run([*FAST, "launch.nproc_per_node=3", "demo.hang=collective_mismatch"])
+    assert result.returncode == 3
+    tail = result.output[result.output.index("the watchdog reported a hang") :]
+    assert "Traceback" not in tail and "SignalException" not in tail
+    last = result.output.strip().splitlines()[-2:]
+    assert last[0].startswith("[areal-launch] job cancelled after a hang: collective_mismatch")
+    assert last[1].startswith("[areal-launch] report: ") and last[1].endswith("report.md")
