@@ -151,3 +151,41 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def wheel_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The interpreter of a fresh venv where areal-watchdog is installed from a built wheel.
+
+    The wheel is built with ``python -m build``; the venv sees this venv's third-party packages
+    (torch, submitit, ...) through a .pth file, never the source tree."""
+    root = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(root), "."],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = root.glob("areal_watchdog-*.whl")
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    theirs = subprocess.run(
+        [sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    Path(site, "borrowed-packages.pth").write_text(theirs + "\n")
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    return python

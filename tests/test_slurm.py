@@ -67,9 +67,11 @@ class SlurmRuns:
         self.job_ids: list[str] = []
         self.popens: list[subprocess.Popen] = []
 
-    def launch(self, trial: str, *overrides: str, wait: bool = True) -> subprocess.Popen:
+    def launch(
+        self, trial: str, *overrides: str, wait: bool = True, python: Path | None = None
+    ) -> subprocess.Popen:
         cmd = [
-            sys.executable,
+            str(python or sys.executable),
             "-m",
             "areal_watchdog.cli",
             "--watchdog",
@@ -85,7 +87,7 @@ class SlurmRuns:
             stderr=subprocess.STDOUT,
             text=True,
             env=slurm_env(),
-            cwd=REPO,
+            cwd=self.root if python else REPO,  # an installed wheel runs away from the sources
             start_new_session=True,
         )
         self.popens.append(proc)
@@ -183,6 +185,19 @@ def test_bad_slurm_values_fail_before_submission(
     err = capsys.readouterr().err
     assert words in err and str(config) in err and "Traceback" not in err
     assert not (tmp_path / "slurm-test").exists()
+
+
+@pytest.mark.slurm
+def test_a_wheel_install_submits_with_the_watchdog(runs: SlurmRuns, wheel_python: Path) -> None:
+    proc = runs.launch("wheel", python=wheel_python)
+    runs.job_id("wheel")
+    code, output = runs.finish(proc)
+    assert code == 0, output
+    run_dir = runs.root / "slurm-test" / "wheel"
+    finished = json.loads((run_dir / "watchdog" / "finished.json").read_text())
+    assert finished["failed_nodes"] == [] and finished["incidents"] == []
+    statuses = [json.loads(p.read_text()) for p in (run_dir / "watchdog" / "status").glob("*")]
+    assert len(statuses) == 2, "both nodes' sidecars (rendered from the packaged template) ran"
 
 
 @pytest.mark.slurm
