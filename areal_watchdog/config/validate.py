@@ -28,7 +28,9 @@ from areal_watchdog.config.model import (
 from areal_watchdog.notify.sinks import parse_sinks
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-LAUNCH_KEYS = {"entrypoint", "args", "nproc_per_node", "config_arg", "python", "env", "slurm"}
+LAUNCH_KEYS = {
+    "entrypoint", "args", "nproc_per_node", "config_arg", "python", "env", "slurm", "run_dir_mode",
+}  # fmt: skip
 WATCHDOG_KEYS = {
     "enabled", "stall_timeout", "startup_timeout", "poll_interval", "step_regex", "log_files",
     "on_hang", "auto_factor", "auto_min_timeout", "dump_timeout", "stack_method", "crash_grace",
@@ -129,7 +131,22 @@ def _launch(check: Checker, tree: dict[str, Any], n_gpus: int) -> LaunchSection:
         python=python,
         env=check.string_map(tree, "launch.env"),
         slurm=slurm,
+        run_dir_mode=_run_dir_mode(check, tree),
     )
+
+
+def _run_dir_mode(check: Checker, tree: dict[str, Any]) -> int:
+    """Octal permissions (``0700``, ``0o750``): the owner keeps every right, nobody else writes."""
+    value = tree.get("run_dir_mode", default(LaunchSection, "run_dir_mode"))
+    try:
+        mode = value if isinstance(value, int) else int(str(value).removeprefix("0o"), 8)
+    except ValueError:
+        mode = -1
+    if isinstance(value, bool) or not 0 <= mode <= 0o777 or mode & 0o022 or mode & 0o700 != 0o700:
+        raise check.fail(
+            "launch.run_dir_mode", f"must be like 0700 or 0750 (no write for others), got {value!r}"
+        )
+    return mode
 
 
 def _watchdog(check: Checker, wd: dict[str, Any]) -> WatchdogSection:

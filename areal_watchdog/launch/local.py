@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from areal_watchdog.common.atomic import read_json, write_json_atomic
+from areal_watchdog.common.atomic import open_append, read_json, write_json_atomic
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.job import (
@@ -76,6 +76,7 @@ class LocalBackend:
             files=launch_files(config, info, watchdog),
             processes=processes,
             reset_paths=[str(p) for p in stale_state(layout)],
+            dir_mode=config.launch.run_dir_mode,
         )
 
     def execute(self, plan: LaunchPlan, out: TextIO = sys.stdout) -> int:
@@ -99,7 +100,7 @@ class _LocalRun:
     def run(self) -> int:
         prepare_run_dir(self.plan)
         log_path = self.layout.logs_dir / f"torchrun_{self.node}.log"
-        log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in the finally below
+        log = open_append(log_path)  # closed in the finally below
         job = start(
             self.plan.processes[0],
             stdout=subprocess.PIPE,

@@ -34,6 +34,7 @@ class LaunchPlan:
     reset_paths: list[str] = field(default_factory=list)  # stale state of an earlier launch
     notes: list[str] = field(default_factory=list)
     payload: Any = field(default=None, repr=False)  # the backend's own (Slurm: the submission)
+    dir_mode: int = 0o700  # the run directory's permissions (watchdog.run_dir_mode)
 
     def render(self, redactor: Redactor | None = None) -> str:
         """The human-readable plan that ``--dry-run`` prints (secrets redacted)."""

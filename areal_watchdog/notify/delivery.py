@@ -20,7 +20,7 @@ from typing import Any
 
 import requests
 
-from areal_watchdog.common.atomic import read_json, write_json_atomic
+from areal_watchdog.common.atomic import open_append, read_json, write_json_atomic
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.notify.envelope import signature_headers
 from areal_watchdog.notify.sinks import ResolvedSink, SecretError, SinkSpec, resolve
@@ -159,7 +159,7 @@ class Spool:
     def mark_delivered(self, message_id: str) -> None:
         with self.lock:
             self.directory.mkdir(parents=True, exist_ok=True)
-            with open(self.delivered_log, "a", encoding="utf-8") as fh:
+            with open_append(self.delivered_log) as fh:
                 fh.write(json.dumps({"id": message_id, "time": time.time()}) + "\n")
             (self.directory / f"{message_id}.json").unlink(missing_ok=True)
 

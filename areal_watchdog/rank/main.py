@@ -21,19 +21,23 @@ import ctypes
 import faulthandler
 import os
 import runpy
-import signal
 import socket
 import sys
 import time
 import traceback
 from pathlib import Path
 
-from areal_watchdog.common.atomic import write_json_atomic
+from areal_watchdog.common.atomic import open_append, write_json_atomic
 from areal_watchdog.evidence.flight_recorder import ENV_FLIGHT_RECORDER, start_listener
 from areal_watchdog.rank import task_listener
-from areal_watchdog.rundir.layout import ENV_NODE, ENV_RUN_ID, ENV_WATCH_DIR, RunLayout
+from areal_watchdog.rundir.layout import (
+    COOPERATIVE_SIGNAL,
+    ENV_NODE,
+    ENV_RUN_ID,
+    ENV_WATCH_DIR,
+    RunLayout,
+)
 
-COOPERATIVE_SIGNAL = signal.SIGURG
 _PR_SET_PTRACER = 0x59616D61
 _PR_SET_PTRACER_ANY = -1
 
@@ -52,8 +56,7 @@ def _register(layout: RunLayout, rank: int) -> object | None:
     """Write the registration file and arm the cooperative dump; return the open stack file."""
     try:
         layout.ranks_dir.mkdir(parents=True, exist_ok=True)
-        stack_file = open(layout.stack_file(rank), "a", encoding="utf-8")  # noqa: SIM115
-        os.chmod(layout.stack_file(rank), 0o644)
+        stack_file = open_append(layout.stack_file(rank))
         faulthandler.register(COOPERATIVE_SIGNAL, file=stack_file, all_threads=True, chain=False)
     except (OSError, ValueError, RuntimeError):
         stack_file = None

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from areal_watchdog.common.atomic import read_json, write_json_atomic
+from areal_watchdog.common.atomic import open_append, read_json, write_json_atomic
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.evidence.gpu import GpuBackend, IdleTracker, NoGpu, open_backend
 from areal_watchdog.launch.slurm.node import slurm_nodes
@@ -85,6 +85,7 @@ class Sidecar:
             self.layout, self.info.run_id, self.node, self.info.nproc_per_node, self.log,
             gpu_backend=self.open_gpus(),
             gpus=IdleTracker(wd.gpu_idle_utilization, wd.gpu_spin_power_fraction),
+            world_size=self.info.world_size,
         )  # fmt: skip
         self.coordinator = Coordinator(
             self.layout, self.info.run_id, self.node, self.nodes, wd.node_timeout
@@ -112,7 +113,7 @@ class Sidecar:
         """A line in this node's sidecar log file (best effort: a full disk loses lines)."""
         try:
             path = self.layout.logs_dir / f"sidecar_{self.node}.log"
-            with open(path, "a", encoding="utf-8") as fh:
+            with open_append(path) as fh:
                 fh.write(f"{time.strftime('%H:%M:%S')} {self.notifier.redactor.scrub(message)}\n")
         except (OSError, AttributeError):
             pass

@@ -101,6 +101,7 @@ class SlurmBackend:
             reset_paths=[str(p) for p in stale_state(layout)],
             notes=[f"sbatch script (submitted through submitit, logs in {folder}):", "", script],
             payload=Submission(parameters, node_job, folder, python_cmd),
+            dir_mode=config.launch.run_dir_mode,
         )
 
     def execute(self, plan: LaunchPlan, out: TextIO = sys.stdout) -> int:
