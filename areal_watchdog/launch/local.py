@@ -7,6 +7,7 @@ clean shutdown of every process on exit, Ctrl-C, SIGHUP or ``on_hang: cancel``.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -98,7 +99,7 @@ class _LocalRun:
         print(f"[areal-launch] {message}", file=self.out, flush=True)
 
     def run(self) -> int:
-        prepare_run_dir(self.plan)
+        held = prepare_run_dir(self.plan, lock=True)  # released when this process ends
         log_path = self.layout.logs_dir / f"torchrun_{self.node}.log"
         log = open_append(log_path)  # closed in the finally below
         job = start(
@@ -125,6 +126,8 @@ class _LocalRun:
             self.record_exit(job.returncode)
             if self.sidecar is not None:
                 self.sidecar.finish(interrupted=interrupts.count > 0)
+            if held is not None:
+                os.close(held)
         return self.exit_code(job.returncode, interrupts.count > 0)
 
     def supervise(self, job: subprocess.Popen, pump: OutputPump, interrupts: Interrupts) -> None:

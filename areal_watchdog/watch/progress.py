@@ -7,8 +7,10 @@ lines count) and reports step numbers; ``read_heartbeats`` reads the rank-side A
 
 from __future__ import annotations
 
+import getpass
 import glob
 import os
+import pwd
 import re
 import time
 from dataclasses import dataclass, field
@@ -190,8 +192,18 @@ class StallClock:
 def default_log_patterns(
     layout: RunLayout, fileroot: str, experiment: str, trial: str
 ) -> list[str]:
-    """Rank 0's torchrun logs and AReaL's own log directory for this trial."""
+    """Rank 0's torchrun logs and AReaL's own log directory for this trial: the launching
+    user's only (``<fileroot>/logs/<user>/...``, the user who owns the run directory), so that
+    another user's files under the shared fileroot can never fake progress."""
     return [
         str(layout.torchrun_logs_dir / "*" / "*" / "attempt_*" / "0" / "std*.log"),
-        str(Path(fileroot) / "logs" / "*" / experiment / trial / "*.log"),
+        str(Path(fileroot) / "logs" / _owner_name(layout) / experiment / trial / "*.log"),
     ]
+
+
+def _owner_name(layout: RunLayout) -> str:
+    """The login name AReaL puts in its log path (``getpass.getuser()`` of the launcher)."""
+    try:
+        return pwd.getpwuid(layout.run_dir.stat().st_uid).pw_name
+    except (OSError, KeyError):
+        return getpass.getuser()
