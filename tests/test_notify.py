@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -246,3 +247,52 @@ def test_notify_test_command_reports_each_sink(
     assert receiver.url() not in out
     slack = next(r for r in receiver.requests if r.path == "/slack").json()
     assert check_limits(slack) == [] and "TEST from areal-launch notify-test" in slack["text"]
+
+
+def test_a_trickling_receiver_cannot_hold_a_delivery_past_its_timeout(report: dict) -> None:
+    """A receiver that answers one byte every 2 s: the timeout is a total deadline."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.is_set():
+            try:
+                server.settimeout(0.5)
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 100:
+                if stop.wait(2.0):
+                    break
+                try:
+                    conn.send(bytes([byte]))
+                except OSError:
+                    break
+            conn.close()
+
+    threading.Thread(target=trickle, daemon=True).start()
+    try:
+        spec = webhook(
+            f"http://127.0.0.1:{server.getsockname()[1]}/hook", timeout=3, max_attempts=2
+        )
+        started = time.monotonic()
+        outcome = deliver(spec, report)
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        server.close()
+    assert not outcome.delivered and "within 3 s" in outcome.error
+    assert took < 2 * (3 + 1) + 2, took  # two attempts, each within its deadline
+
+
+def test_a_damaged_spool_ledger_is_read_past(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool")
+    spool.mark_delivered("a")
+    spool.mark_delivered("b")
+    with open(spool.delivered_log, "a", encoding="utf-8") as fh:
+        fh.write('{"id": "c", "ti')  # a crash or a full disk cut the last line
+    assert spool.delivered_ids() == {"a", "b"}
+    spool.mark_delivered("d")
+    assert spool.delivered_ids() == {"a", "b", "d"}
