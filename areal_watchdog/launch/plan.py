@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +39,9 @@ class LaunchPlan:
 
     def render(self, redactor: Redactor | None = None) -> str:
         """The human-readable plan that ``--dry-run`` prints (secrets redacted)."""
-        redactor = redactor or Redactor.from_environment()
+        if redactor is None:  # the job's own secret-looking variables (launch.env) too
+            env = {k: v for proc in self.processes for k, v in proc.env.items()}
+            redactor = Redactor.from_environment({**os.environ, **env})
         lines = [
             f"backend:   {self.backend}",
             f"run id:    {self.run_id}",

@@ -28,6 +28,7 @@ import traceback
 from pathlib import Path
 
 from areal_watchdog.common.atomic import open_append, write_json_atomic
+from areal_watchdog.common.redact import Redactor
 from areal_watchdog.evidence.flight_recorder import ENV_FLIGHT_RECORDER, start_listener
 from areal_watchdog.rank import task_listener
 from areal_watchdog.rundir.layout import (
@@ -74,6 +75,11 @@ def _register(layout: RunLayout, rank: int) -> object | None:
     with contextlib.suppress(OSError):
         write_json_atomic(layout.registration(rank), record)
     return stack_file
+
+
+def scrub(text: str) -> str:
+    """The rank's own secrets (its environment) out of what it records."""
+    return Redactor.from_environment().scrub(text)
 
 
 def _record_exit(layout: RunLayout, rank: int, **fields: object) -> None:
@@ -130,8 +136,8 @@ def main(argv: list[str] | None = None) -> None:
                 kind="exception",
                 code=1,
                 exc_type=type(exc).__name__,
-                message=str(exc)[:2000],
-                traceback="".join(traceback.format_exception(exc))[-8000:],
+                message=scrub(str(exc))[:2000],  # scrubbed before the cut: no half secrets
+                traceback=scrub("".join(traceback.format_exception(exc)))[-8000:],
             )
         raise
     if layout is not None:

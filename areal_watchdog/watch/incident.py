@@ -8,6 +8,7 @@ same event twice.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import subprocess
 import time
@@ -16,8 +17,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.common.rankset import format_ranks
+from areal_watchdog.common.redact import SECRET_NAME
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.evidence.gather import GatherSettings
 from areal_watchdog.evidence.model import MISSING, Evidence, RankEvidence
@@ -51,6 +55,17 @@ class LocalEvidence:
             "flight_records": self.traces,
             "servers": self.servers,
         }
+
+
+def job_secrets(pids: list[int]) -> list[str]:
+    """The values of the job's secret-looking variables (``launch.env`` reaches the ranks, not
+    the sidecar), read from the ranks' own environment: they are our processes."""
+    found: list[str] = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error, OSError):
+            env = psutil.Process(pid).environ()
+            found += [v for k, v in env.items() if SECRET_NAME.search(k)]
+    return found
 
 
 def local_evidence(info: LaunchInfo, watch: NodeWatch) -> LocalEvidence:
@@ -102,8 +117,9 @@ class Incidents:
         action = self.info.watchdog.on_hang if trigger in HANG_TRIGGERS else "report"
         ctx = self.context(trigger, now, action, timings)
         report = build_report(new_incident_id(verdict.category, now), verdict, evidence, ctx)
-        report = self.notifier.redactor.scrub_tree(report)  # once, for files and messages
-        path = write_incident(Path(self.info.run_dir), report, evidence, self.notifier.redactor)
+        redactor = self.notifier.redactor.with_values(job_secrets(self.watch.pids()))
+        report = redactor.scrub_tree(report)  # once, for the files and the messages alike
+        path = write_incident(Path(self.info.run_dir), report, evidence, redactor)
         self.written.append(path)
         self.notifier.submit(report)
         culprits = format_ranks(verdict.culprit_ranks) or "none named"

@@ -107,10 +107,13 @@ class NodeWatch:
             return
         self.gpus.update(samples, {w.proc.pid for w in self.live.values()}, now)
 
+    def pids(self) -> list[int]:
+        """The live ranks' process ids."""
+        return [w.proc.pid for w in self.live.values()]
+
     def rollout(self, items: list[RankEvidence], timeout: float) -> list[dict[str, Any]]:
         """Attach each live rank's pending asyncio tasks; return the inference-server probes."""
-        pids = [w.proc.pid for w in self.live.values()]
-        dumps, servers = gather_rollout(self.layout, pids, timeout)
+        dumps, servers = gather_rollout(self.layout, self.pids(), timeout)
         for item in items:
             if item.pid in dumps:
                 item.tasks = dumps[item.pid].get("tasks", [])
