@@ -21,7 +21,7 @@ import psutil
 
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.common.rankset import format_ranks
-from areal_watchdog.common.redact import SECRET_NAME
+from areal_watchdog.common.redact import SECRET_NAME, Redactor
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.evidence.gather import GatherSettings
 from areal_watchdog.evidence.model import MISSING, Evidence, RankEvidence
@@ -80,6 +80,16 @@ def local_evidence(info: LaunchInfo, watch: NodeWatch) -> LocalEvidence:
 
 
 @dataclass
+class _Unwritten:
+    """An incident waiting for disk space: its report, evidence, and whether to cancel."""
+
+    report: dict[str, Any]
+    evidence: Evidence
+    redactor: Redactor
+    cancel: bool
+
+
+@dataclass
 class Incidents:
     """The leader's incident desk for one run."""
 
@@ -94,6 +104,7 @@ class Incidents:
     say: Callable[[str], None]
     answered: set[str] = field(default_factory=set)
     written: list[Path] = field(default_factory=list)
+    pending: list[_Unwritten] = field(default_factory=list)  # incidents the disk refused
     cancelling: bool = False
 
     def open(
@@ -119,16 +130,34 @@ class Incidents:
         report = build_report(new_incident_id(verdict.category, now), verdict, evidence, ctx)
         redactor = self.notifier.redactor.with_values(job_secrets(self.watch.pids()))
         report = redactor.scrub_tree(report)  # once, for the files and the messages alike
-        path = write_incident(Path(self.info.run_dir), report, evidence, redactor)
-        self.written.append(path)
-        self.notifier.submit(report)
+        self.notifier.submit(report)  # first: a message needs no disk
         culprits = format_ranks(verdict.culprit_ranks) or "none named"
-        self.say(
-            f"report written: {path / 'report.md'} -- {verdict.category}, culprit ranks "
-            f"{culprits}: {report['summary']}"
-        )
-        if action == "cancel":
-            self.cancel_job(report["incident_id"])
+        verdict_line = f"{verdict.category}, culprit ranks {culprits}: {report['summary']}"
+        self.pending.append(_Unwritten(report, evidence, redactor, action == "cancel"))
+        if not self.write_pending():
+            self.say(f"verdict (report not on disk yet, retried every poll): {verdict_line}")
+
+    def write_pending(self) -> bool:
+        """Write the incidents that could not be written (and act on them); False while the
+        disk still refuses. Called after each incident and on every poll."""
+        while self.pending:
+            item = self.pending[0]
+            try:
+                path = write_incident(Path(self.info.run_dir), item.report, item.evidence,
+                                      item.redactor)  # fmt: skip
+                if item.cancel:
+                    self.cancel_job(item.report["incident_id"])
+            except OSError as exc:
+                self.say(f"cannot write the incident report: {exc.strerror or exc}")
+                return False
+            self.pending.pop(0)
+            self.written.append(path)
+            culprits = format_ranks(item.report["culprit_ranks"]) or "none named"
+            self.say(
+                f"report written: {path / 'report.md'} -- {item.report['category']}, culprit "
+                f"ranks {culprits}: {item.report['summary']}"
+            )
+        return True
 
     def gather(self, trigger: Trigger, lost: list[str], statuses: dict) -> tuple[Evidence, float]:
         """Evidence from this node directly and from every other live node by request."""

@@ -99,6 +99,7 @@ class Sidecar:
         self.gone_since: float | None = None
         self.exited_at: float | None = None
         self.pause_said = 0.0  # the end of the announced pause already said
+        self.run_dir_lost = False
 
     # ----------------------------------------------------------------- output
     def say(self, message: str) -> None:
@@ -160,6 +161,9 @@ class Sidecar:
 
     def poll(self, now: float) -> None:
         """One observation; the leader may open an incident."""
+        if not self.run_dir_present():
+            return
+        self.incidents.write_pending()
         self.observe_progress(now)
         self.watch.refresh(now)
         self.watch.sample_gpus(now)
@@ -175,7 +179,26 @@ class Sidecar:
         elif exited and (self.finished() or time.monotonic() - self.exited_at > FOLLOWER_LINGER):
             self.done = True
 
+    def run_dir_present(self) -> bool:
+        """Losing our own files (the run directory deleted) is our problem, not the job's:
+        say so once, loudly, and stop judging the job instead of cancelling it."""
+        if self.layout.launch_file.exists():
+            return True
+        if not self.run_dir_lost:
+            self.run_dir_lost = True
+            self.say(
+                f"WARNING: the run directory {self.layout.run_dir} is gone: the watchdog can no "
+                "longer follow this job; it will not report or cancel anything"
+            )
+        return False
+
     def publish(self, state: str) -> None:
+        try:
+            self._publish(state)
+        except OSError as exc:  # a full disk: peers miss one status, the watching goes on
+            self.log(f"cannot publish the node status: {exc}")
+
+    def _publish(self, state: str) -> None:
         written = self.incidents.written
         self.coordinator.publish(
             {
