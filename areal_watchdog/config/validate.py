@@ -10,6 +10,8 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
+import regex
+
 from areal_watchdog.config.checks import Checker
 from areal_watchdog.config.debug_env import DEFAULT_DEBUG_ENV
 from areal_watchdog.config.model import (
@@ -203,8 +205,8 @@ def _stall_timeout(check: Checker, wd: dict[str, Any]) -> float | None:
 def _step_regex(check: Checker, wd: dict[str, Any]) -> str:
     pattern = check.text(wd, "watchdog.step_regex", default(WatchdogSection, "step_regex"))
     try:
-        compiled = re.compile(pattern)
-    except re.error as exc:
+        compiled = regex.compile(pattern)  # the engine the sidecar matches with
+    except (regex.error, TypeError) as exc:
         raise check.fail(
             "watchdog.step_regex", f"is not a valid regular expression: {exc}"
         ) from None

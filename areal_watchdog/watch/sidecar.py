@@ -34,6 +34,7 @@ from areal_watchdog.watch.coordination import Coordinator
 from areal_watchdog.watch.incident import Incidents, local_evidence
 from areal_watchdog.watch.node import NodeWatch
 from areal_watchdog.watch.progress import (
+    LINE_BUDGET_S,
     StallClock,
     StepLogTail,
     default_log_patterns,
@@ -100,6 +101,7 @@ class Sidecar:
         self.exited_at: float | None = None
         self.pause_said = 0.0  # the end of the announced pause already said
         self.run_dir_lost = False
+        self.slow_said = False
 
     # ----------------------------------------------------------------- output
     def say(self, message: str) -> None:
@@ -216,6 +218,13 @@ class Sidecar:
 
     def observe_progress(self, now: float) -> None:
         steps = self.tail.poll()
+        if self.tail.slow_lines and not self.slow_said:
+            self.slow_said = True
+            self.say(
+                f"watchdog.step_regex {self.info.watchdog.step_regex!r} took over "
+                f"{LINE_BUDGET_S * 1000:.0f} ms on a log line (catastrophic backtracking?): such "
+                "lines are skipped; simplify the pattern"
+            )
         beats = read_heartbeats(self.layout, self.info.run_id)
         if beats.max_step is not None:
             steps.append(beats.max_step)
