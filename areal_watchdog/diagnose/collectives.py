@@ -10,7 +10,14 @@ For each process group the analysis finds the first collective not every rank co
 - ranks that never issued it are *missing* from it (they are stuck before it);
 - ranks that issued different operations (or sizes, or dtypes) at that sequence id *disagree*:
   the minority diverged; with an even split, the rank whose operation breaks the pattern the
-  group followed so far (what came after the previous collective the last times) is named.
+  group followed so far (what came after the previous collective the last times) is named, and
+  with no such history the split is reported as a tie, naming nobody rather than guessing.
+
+Only what must agree is compared: the operation and the dtypes always, the sizes except for the
+operations whose per-rank sizes legally differ (``all_to_all`` with uneven splits, as in MoE
+token routing; ``gather``/``scatter`` between root and the others). ``pg_status`` is keyed as
+PyTorch keys it, by each rank's own ``pg_id`` (an int in NCCL pickles, a string in gloo JSON),
+not by the process group's name: the two differ in any job with more than one group.
 """
 
 from __future__ import annotations
@@ -33,7 +40,9 @@ class Op:
 
     @property
     def key(self) -> tuple[str, str, str]:
-        return (self.name, self.sizes, self.dtypes)
+        """What must agree across ranks at one sequence id."""
+        sizes = "" if _uneven_allowed(self.name) else self.sizes
+        return (self.name, sizes, self.dtypes)
 
     def label(self) -> str:
         return f"#{self.seq} {self.name}"
@@ -80,6 +89,12 @@ class CollectiveEvidence:
         }
 
 
+def _uneven_allowed(name: str) -> bool:
+    """Operations whose input sizes legally differ from rank to rank."""
+    bare = name.lower().replace("_", "")
+    return "alltoall" in bare or (bare.startswith(("gather", "scatter")))
+
+
 def _op_name(entry: dict[str, Any]) -> str:
     return str(entry.get("profiling_name", "?")).split(":", 1)[-1]
 
@@ -98,8 +113,20 @@ def rank_ops(dump: dict[str, Any]) -> dict[str, dict[int, Op]]:
     return ops
 
 
+def _pg_status(dump: dict[str, Any], group: str) -> dict[str, Any]:
+    """This rank's status of ``group``, found by the rank's own ``pg_id`` for that group."""
+    statuses = dump.get("pg_status") or {}
+    for entry in dump.get("entries", []):
+        if str((entry.get("process_group") or ["?"])[0]) == group and "pg_id" in entry:
+            pg_id = entry["pg_id"]
+            found = statuses.get(str(pg_id), statuses.get(pg_id))
+            if isinstance(found, dict):
+                return found
+    return {}  # no pg_id recorded: the retired entries tell instead
+
+
 def _last_completed(dump: dict[str, Any], group: str, ops: dict[int, Op]) -> int:
-    status = (dump.get("pg_status") or {}).get(group) or {}
+    status = _pg_status(dump, group)
     completed = status.get("last_completed_collective")
     if isinstance(completed, int) and completed >= 0:
         return completed
@@ -134,18 +161,10 @@ def _analyse_group(
         seq, present = first
         variants = Counter(op.key for op in present.values())
         culprits = _diverging(present, variants, ops, seq)
-        others = sorted(set(present) - set(culprits))
         return GroupFinding(
-            group,
-            members,
-            seq,
-            culprits,
-            "mismatch",
-            f"at collective #{seq} of group {group}, {ranks_phrase(culprits)} issued "
-            f"{_describe(present, culprits)} while {ranks_phrase(others)} issued "
-            f"{_describe(present, others)}",
-            table,
-        )
+            group, members, seq, culprits, "mismatch",
+            _mismatch_text(group, seq, present, culprits, variants), table,
+        )  # fmt: skip
     target = min(completed.values()) + 1
     issued = {r: ops[r].get(target) for r in members}
     if all(op is None for op in issued.values()):
@@ -183,6 +202,26 @@ def _analyse_group(
     )
 
 
+def _mismatch_text(
+    group: str, seq: int, present: dict[int, Op], culprits: list[int], variants: Counter
+) -> str:
+    if culprits:
+        others = sorted(set(present) - set(culprits))
+        return (
+            f"at collective #{seq} of group {group}, {ranks_phrase(culprits)} issued "
+            f"{_describe(present, culprits)} while {ranks_phrase(others)} issued "
+            f"{_describe(present, others)}"
+        )
+    sides = [sorted(r for r, op in present.items() if op.key == key) for key in variants]
+    said = " while ".join(
+        f"{ranks_phrase(side)} issued {_describe(present, side)}" for side in sides
+    )
+    return (
+        f"at collective #{seq} of group {group}, a tie: {said}; with no earlier history to "
+        "compare, neither side can be named"
+    )
+
+
 def _first_divergence(ops: dict[int, dict[int, Op]]) -> tuple[int, dict[int, Op]] | None:
     """The first sequence id every rank recorded at which their operations differ."""
     common = set.intersection(*(set(by_seq) for by_seq in ops.values()))
@@ -216,7 +255,7 @@ def _diverging(
         odd = sorted(r for r, op in present.items() if op.key != expected)
         if 0 < len(odd) < len(present):
             return odd
-    return sorted(r for r, op in present.items() if op.key != ranked[0][0])
+    return []  # a tie with no history: naming one side would be a guess by rank number
 
 
 def _expected_next(ops: dict[int, dict[int, Op]], target: int) -> tuple[str, str, str] | None:

@@ -35,6 +35,7 @@ from areal_watchdog.rundir.layout import RunLayout
 
 ENV_FLIGHT_RECORDER = "AREAL_WATCHDOG_FLIGHT_RECORDER"  # "1": ranks start the listener
 _KEPT = (
+    "pg_id",
     "collective_seq_id",
     "profiling_name",
     "input_sizes",
