@@ -286,7 +286,9 @@ def work_thread(rank: RankEvidence) -> ThreadStack | None:
     main = rank.main_thread()
     best, best_score = None, 0
     for thread in rank.threads:
-        score = 0 if thread is not main and _ours(thread) else _work_score(thread)
+        score = _work_score(thread)
+        if score and thread is not main and _ours(thread):
+            score = 0
         if score > best_score or (score == best_score and score and thread is main):
             best, best_score = thread, score
     if best is not None:
