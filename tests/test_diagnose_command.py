@@ -73,13 +73,16 @@ def test_an_incident_directory_is_classified_again(tmp_path: Path) -> None:
     assert "thread EngineWorker" in verdict["summary"]
 
 
-@pytest.mark.parametrize("make", ["missing", "empty", "not_dumps", "bad_evidence"])
+@pytest.mark.parametrize("make", ["missing", "empty", "not_dumps", "error_record", "bad_evidence"])
 def test_bad_paths_are_one_line_errors(tmp_path: Path, make: str) -> None:
     target = tmp_path / "x"
     if make != "missing":
         target.mkdir()
     if make == "not_dumps":
         (target / "notes.txt").write_text("hello")
+        os.mkfifo(target / "trigger_rank_0")  # never opened: it would block
+    if make == "error_record":  # what the listener writes when torch.distributed is not up
+        (target / "fr_rank_0.json").write_text(json.dumps({"rank": 0, "error": "RuntimeError"}))
     if make == "bad_evidence":
         (target / "evidence.json").write_text("{not json")
     result = diagnose(str(target))

@@ -181,9 +181,9 @@ def parse_trace(data: bytes) -> dict[str, Any] | None:
         return None
     if isinstance(trace, dict) and isinstance(trace.get("trace"), dict):
         trace = trace["trace"]
-    if not isinstance(trace, dict) or not isinstance(trace.get("entries", []), list):
-        return None
-    return trace
+    if not isinstance(trace, dict) or not ("entries" in trace or "pg_status" in trace):
+        return None  # not a trace: a listener's error record, some other JSON
+    return trace if isinstance(trace.get("entries", []), list) else None
 
 
 _PLAIN_TYPES = {
