@@ -204,3 +204,29 @@ def test_without_watchdog_flag_the_job_runs_plain(
     )
     code, out, _ = run_cli(capsys, "local", str(config_file), "--dry-run")
     assert code == 0 and "areal_watchdog.watch.sidecar" not in out and "rank_main" not in out
+
+
+@pytest.mark.parametrize("backend", ["local", "slurm"])
+def test_dry_run_never_prints_a_secret_from_launch_env(
+    capsys: pytest.CaptureFixture[str], config_file: Path, backend: str
+) -> None:
+    secret = "sk-live-0123456789abcdefghij"
+    code, out, _ = run_cli(
+        capsys, backend, str(config_file), f"+launch.env.EXTRA_API_KEY={secret}", "--dry-run"
+    )
+    assert code == 0 and secret not in out and "EXTRA_API_KEY=[REDACTED]" in out
+
+
+@pytest.mark.parametrize(
+    ("line", "kept"),
+    [
+        ("login ok password=hunter2-long user=bob", "password=[REDACTED] user=bob"),
+        ('config: {"api_key": "abcd1234efgh"}', '"api_key": "[REDACTED]"'),
+        ("cloning with ghp_abcdefghijklmnopqrstuvwx0123 now", "cloning with [REDACTED] now"),
+        ("Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.payload", "Authorization: [REDACTED]"),
+    ],
+)
+def test_secrets_in_free_text_are_scrubbed(line: str, kept: str) -> None:
+    from areal_watchdog.common.redact import Redactor
+
+    assert kept in Redactor().scrub(line)

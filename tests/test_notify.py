@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -246,3 +248,50 @@ def test_notify_test_command_reports_each_sink(
     assert receiver.url() not in out
     slack = next(r for r in receiver.requests if r.path == "/slack").json()
     assert check_limits(slack) == [] and "TEST from areal-launch notify-test" in slack["text"]
+
+
+def test_a_trickling_receiver_cannot_hold_a_delivery_past_its_timeout(report: dict) -> None:
+    """Headers at once, then the body a byte a second: no single read times out, so only a
+    total deadline per attempt ends it (before: notify-test hung for the whole body)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    stop = threading.Event()
+
+    def trickle(conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
+            for byte in b"x" * 100:
+                if stop.wait(1.0):
+                    break
+                conn.send(bytes([byte]))
+        conn.close()
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while not stop.is_set():
+                conn, _ = server.accept()
+                threading.Thread(target=trickle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/hook"
+    try:
+        started = time.monotonic()
+        outcome = deliver(webhook(url, timeout=3, max_attempts=2), report)
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        server.close()
+    assert not outcome.delivered and "no complete answer within 3 s" in outcome.error
+    assert took < 2 * (3 + 1) + 2, took  # two attempts, each within its deadline
+
+
+def test_a_damaged_spool_ledger_is_read_past(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool")
+    spool.mark_delivered("a")
+    spool.mark_delivered("b")
+    with open(spool.delivered_log, "a", encoding="utf-8") as fh:
+        fh.write('{"id": "c", "ti')  # a crash or a full disk cut the last line
+    assert spool.delivered_ids() == {"a", "b"}
+    spool.mark_delivered("d")
+    assert spool.delivered_ids() == {"a", "b", "d"}

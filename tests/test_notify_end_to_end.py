@@ -17,6 +17,7 @@ pytestmark = pytest.mark.slow
 SECRET = "e2e-signing-secret"
 WANDB = "wandb-key-0123456789abcdef"
 HF = "hf_TOKENabcdefghijklmnop"
+EXTRA = "launch-env-only-0123456789"  # reaches the ranks through launch.env, not the sidecar
 
 
 def test_real_hang_is_delivered_signed_and_scrubbed(launcher: Launcher) -> None:
@@ -37,6 +38,7 @@ def test_real_hang_is_delivered_signed_and_scrubbed(launcher: Launcher) -> None:
             [
                 *FAST,
                 notify,
+                f"+launch.env.EXTRA_API_KEY={EXTRA}",
                 "launch.nproc_per_node=3",
                 "demo.log_env=true",
                 "demo.hang=collective_mismatch",
@@ -61,13 +63,13 @@ def test_real_hang_is_delivered_signed_and_scrubbed(launcher: Launcher) -> None:
     assert "collective_mismatch" in slack["text"] and "Culprit ranks*\\n2" in json.dumps(slack)
 
     incident = Path(report["files"]["incident_dir"])
-    assert WANDB in result.output  # the job itself printed them: the test is meaningful
+    assert WANDB in result.output and EXTRA in result.output  # the job printed them itself
     ours = [*incident.rglob("*"), *(result.run_dir / "watchdog" / "logs").glob("sidecar_*")]
     texts = [p.read_text(errors="replace") for p in ours if p.is_file()]
     texts += [r.body.decode() for r in receiver.requests]
     assert any("environment:" in t for t in texts)  # the log tail with the env line is there
     for text in texts:
-        assert WANDB not in text and HF not in text and SECRET not in text
+        assert WANDB not in text and HF not in text and SECRET not in text and EXTRA not in text
         assert receiver.url("/hook") not in text
     delay = hooks[0].wall - (incident / "report.json").stat().st_mtime
     print(f"report on disk -> webhook received: {delay * 1000:.0f} ms")

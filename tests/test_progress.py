@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import re
+import time
 from pathlib import Path
 
 import pytest
+import regex
 
 from areal_watchdog.config.model import DEFAULT_STEP_REGEX
 from areal_watchdog.watch.progress import StallClock, StepLogTail, find_step
@@ -34,7 +35,7 @@ AREAL_LINE = (
     ],
 )
 def test_default_step_regex(line: str, step: int | None) -> None:
-    assert find_step(line, re.compile(DEFAULT_STEP_REGEX)) == step
+    assert find_step(line, regex.compile(DEFAULT_STEP_REGEX)) == step
 
 
 def test_log_tail_reads_only_new_lines_and_survives_partial_lines_and_rotation(
@@ -84,3 +85,16 @@ def test_stall_clock_hold_suspends_detection() -> None:
     clock.hold(now=25)  # a pause announced while silent
     assert not clock.stalled(30)
     assert clock.stalled(36)
+
+
+def test_a_backtracking_step_pattern_cannot_pin_the_sidecar(tmp_path) -> None:
+    """The issue's pattern on 40-character lines: Python's re would take minutes per line."""
+    log = tmp_path / "train.log"
+    log.write_text("")
+    tail = StepLogTail([str(log)], r"(?:\w+\s?)*Train step (?P<step>\d+)")
+    tail.poll()
+    log.write_text("a" * 40 + "\n" + "(AReaL) Train step 7 done.\n" + "b" * 40 + "\n")
+    started = time.perf_counter()
+    steps = tail.poll()
+    assert time.perf_counter() - started < 1.0
+    assert steps == [7]

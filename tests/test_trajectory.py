@@ -240,3 +240,26 @@ def test_replay_command_errors_are_clear(
     assert f"run dir:   {tmp_path / 'exp' / 't_replay1'}" in out
     assert "--nproc-per-node 2" in out
     assert not (tmp_path / "exp" / "t_replay1").exists()
+
+
+@pytest.mark.parametrize("tampered", ["[1, 2]", '"a string"', '{"dp_size": "x", "bytes": 1}'])
+def test_a_tampered_manifest_names_its_file_and_spares_the_other_steps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tampered: str
+) -> None:
+    run = tmp_path / "exp" / "t"
+    (run / "watchdog").mkdir(parents=True)
+    entry = Path(__file__).resolve().parents[1] / "examples" / "rl_demo" / "train.py"
+    (run / "watchdog" / "launch_config.yaml").write_text(
+        f"experiment_name: exp\ntrial_name: t\ncluster: {{fileroot: {tmp_path}}}\n"
+        f"launch: {{entrypoint: {entry}, nproc_per_node: 1}}\nwatchdog: {{enabled: true}}\n"
+    )
+    record(run / "debug_trajectories", range(1, 4), dp_rank=0, dp_size=1)
+    manifest = run / "debug_trajectories" / "step_000002_dp_0.manifest.json"
+    manifest.write_text(tampered)
+    assert main(["replay", str(run), "--step", "2", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert str(manifest) in err and "not a manifest" in err and "Traceback" not in err
+    assert main(["replay", str(run), "--step", "3", "--dry-run"]) == 0  # the others still replay
+    capsys.readouterr()
+    assert main(["replay", str(run), "--from", "3", "--to", "1000000000000", "--dry-run"]) == 0
+    assert "replaying step(s) 3" in capsys.readouterr().out

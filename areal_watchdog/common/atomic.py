@@ -1,33 +1,58 @@
-"""Small files that are never seen half-written: write to a temporary name, then rename."""
+"""Small files that are never seen half-written, and never written through a planted symlink.
+
+A temporary file is created next to the target with ``O_CREAT | O_EXCL | O_NOFOLLOW`` (mode
+0600 whatever the umask, so nothing is readable before it is complete), written, then renamed
+over the target: ``rename`` replaces a symlink itself, never the file it points to. The rename is
+atomic on local filesystems and NFS alike.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
+PRIVATE = 0o600
 
-def write_json_atomic(path: Path, data: Any, fsync: bool = False) -> None:
+
+def write_json_atomic(path: Path, data: Any, fsync: bool = False, mode: int = PRIVATE) -> None:
     """Write ``data`` as JSON to ``path`` so readers see the old or the new file, never a mix."""
-    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True, default=str), fsync)
+    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True, default=str), fsync, mode)
 
 
-def write_text_atomic(path: Path, text: str, fsync: bool = False) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        if fsync:
-            fh.flush()
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
+def write_text_atomic(path: Path, text: str, fsync: bool = False, mode: int = PRIVATE) -> None:
+    """Write ``text`` to ``path`` through a private temporary file in the same directory."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, PRIVATE)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.fchmod(fh.fileno(), mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def open_append(path: Path, mode: int = PRIVATE) -> Any:
+    """A text file opened for appending that is never a planted symlink; created ``mode``."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, mode)
+    os.fchmod(fd, mode)  # an existing file too, through the descriptor: no symlink to follow
+    return os.fdopen(fd, "a", encoding="utf-8")
 
 
 def read_json(path: Path) -> Any | None:
-    """The JSON in ``path``, or None when it is missing, unreadable or half-written."""
+    """The JSON in ``path``, or None when it is missing, unreadable, half-written or a symlink."""
     try:
-        with open(path, encoding="utf-8") as fh:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, encoding="utf-8") as fh:
             return json.load(fh)
     except (OSError, ValueError):
         return None

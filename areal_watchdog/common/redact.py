@@ -1,8 +1,11 @@
 """Scrub secrets from anything the watchdog writes or sends.
 
 Removed: values of environment variables whose names look secret (``*TOKEN*``, ``*SECRET*``,
-``*KEY*``, ``*PASSWORD*``, ...), credentials inside URLs, and any extra value given (the
-configured webhook URLs and signing secrets).
+``*KEY*``, ``*PASSWORD*``, ...), credentials inside URLs, ``name=value`` pairs whose name looks
+secret (``password=...``, ``api_key: ...``), well-known token formats (GitHub, Slack, OpenAI,
+Hugging Face, AWS, bearer tokens, Standard Webhooks secrets), and any extra value given (the
+configured webhook URLs and signing secrets). Scrub before truncating: a cut can leave half a
+secret that no longer matches.
 """
 
 from __future__ import annotations
@@ -19,6 +22,17 @@ SECRET_NAME = re.compile(
 )
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@")
 _SLACK_HOOK = re.compile(r"https://hooks\.slack\.com/services/[A-Za-z0-9/_-]+")
+_SECRET_PAIR = re.compile(
+    r"(?i)(?P<name>\b[\w.-]*(?:password|passwd|passphrase|secret|token|api[_-]?key|"
+    r"access[_-]?key|private[_-]?key|credentials?)[\w.-]*)(?P<sep>[\"']?\s*[=:]\s*[\"']?)"
+    r"(?P<value>[^\s\"',;&]{4,})"
+)
+_TOKENS = re.compile(
+    r"\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}|\bgithub_pat_[A-Za-z0-9_]{20,}|"
+    r"\bxox[abposr]-[A-Za-z0-9-]{10,}|\bsk-[A-Za-z0-9_-]{20,}|\bhf_[A-Za-z0-9]{20,}|"
+    r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b|\bwhsec_[A-Za-z0-9+/=]{10,}|"
+    r"(?i:\bbearer\s+)[A-Za-z0-9._~+/=-]{10,}"
+)
 _MIN_SECRET_LENGTH = 6  # shorter values ("1", "true") would mangle ordinary text
 
 
@@ -46,7 +60,9 @@ class Redactor:
             if value in text:
                 text = text.replace(value, REDACTED)
         text = _URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
-        return _SLACK_HOOK.sub(f"https://hooks.slack.com/services/{REDACTED}", text)
+        text = _SLACK_HOOK.sub(f"https://hooks.slack.com/services/{REDACTED}", text)
+        text = _TOKENS.sub(REDACTED, text)
+        return _SECRET_PAIR.sub(lambda m: f"{m['name']}{m['sep']}{REDACTED}", text)
 
     def scrub_tree(self, data: Any) -> Any:
         """Scrub every string inside nested dicts and lists."""

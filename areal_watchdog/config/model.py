@@ -55,6 +55,7 @@ class LaunchSection:
     python: str = sys.executable
     env: dict[str, str] = field(default_factory=dict)
     slurm: dict[str, Any] = field(default_factory=dict)
+    run_dir_mode: int = 0o700  # the run directory's permissions: nobody else may write there
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
+import regex
+
 from areal_watchdog.config.checks import Checker
 from areal_watchdog.config.debug_env import DEFAULT_DEBUG_ENV
 from areal_watchdog.config.model import (
@@ -28,7 +30,9 @@ from areal_watchdog.config.model import (
 from areal_watchdog.notify.sinks import parse_sinks
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-LAUNCH_KEYS = {"entrypoint", "args", "nproc_per_node", "config_arg", "python", "env", "slurm"}
+LAUNCH_KEYS = {
+    "entrypoint", "args", "nproc_per_node", "config_arg", "python", "env", "slurm", "run_dir_mode",
+}  # fmt: skip
 WATCHDOG_KEYS = {
     "enabled", "stall_timeout", "startup_timeout", "poll_interval", "step_regex", "log_files",
     "on_hang", "auto_factor", "auto_min_timeout", "dump_timeout", "stack_method", "crash_grace",
@@ -129,7 +133,22 @@ def _launch(check: Checker, tree: dict[str, Any], n_gpus: int) -> LaunchSection:
         python=python,
         env=check.string_map(tree, "launch.env"),
         slurm=slurm,
+        run_dir_mode=_run_dir_mode(check, tree),
     )
+
+
+def _run_dir_mode(check: Checker, tree: dict[str, Any]) -> int:
+    """Octal permissions (``0700``, ``0o750``): the owner keeps every right, nobody else writes."""
+    value = tree.get("run_dir_mode", default(LaunchSection, "run_dir_mode"))
+    try:
+        mode = value if isinstance(value, int) else int(str(value).removeprefix("0o"), 8)
+    except ValueError:
+        mode = -1
+    if isinstance(value, bool) or not 0 <= mode <= 0o777 or mode & 0o022 or mode & 0o700 != 0o700:
+        raise check.fail(
+            "launch.run_dir_mode", f"must be like 0700 or 0750 (no write for others), got {value!r}"
+        )
+    return mode
 
 
 def _watchdog(check: Checker, wd: dict[str, Any]) -> WatchdogSection:
@@ -186,8 +205,8 @@ def _stall_timeout(check: Checker, wd: dict[str, Any]) -> float | None:
 def _step_regex(check: Checker, wd: dict[str, Any]) -> str:
     pattern = check.text(wd, "watchdog.step_regex", default(WatchdogSection, "step_regex"))
     try:
-        compiled = re.compile(pattern)
-    except re.error as exc:
+        compiled = regex.compile(pattern)  # the engine the sidecar matches with
+    except (regex.error, TypeError) as exc:
         raise check.fail(
             "watchdog.step_regex", f"is not a valid regular expression: {exc}"
         ) from None

@@ -73,7 +73,7 @@ def start_listener(layout: RunLayout, rank: int) -> None:
         layout.flight_recorder_dir.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-        os.mkfifo(path, 0o622)
+        os.mkfifo(path, 0o600)
     except OSError:
         return
     threading.Thread(

@@ -165,8 +165,10 @@ def _read_tail(path: Path, lines: int) -> str:
         with open(path, "rb") as fh:
             fh.seek(0, 2)
             size = fh.tell()
-            fh.seek(max(0, size - 64 * 1024))
+            start = max(0, size - 64 * 1024)
+            fh.seek(start)
             data = fh.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
-    return "\n".join(data.splitlines()[-lines:])
+    kept = data.splitlines()[1 if start else 0 :]  # never a line cut in half (half a secret)
+    return "\n".join(kept[-lines:])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from areal_watchdog.common.atomic import write_text_atomic
 from areal_watchdog.common.errors import ConfigError
 from areal_watchdog.config.debug_env import render_debug_env
 from areal_watchdog.config.model import JobConfig
@@ -16,6 +17,8 @@ from areal_watchdog.evidence.flight_recorder import ENV_FLIGHT_RECORDER
 from areal_watchdog.launch.plan import LaunchPlan
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_NODE, ENV_RUN_ID, ENV_WATCH_DIR, RunLayout
+from areal_watchdog.rundir.lock import hold_run_lock
+from areal_watchdog.rundir.secure import ensure_run_dir
 from areal_watchdog.trajectory import format as trajectory
 
 
@@ -114,8 +117,13 @@ def stale_state(layout: RunLayout) -> list[Path]:
     ]
 
 
-def prepare_run_dir(plan: LaunchPlan) -> None:
-    """Remove the previous launch's live state and write the plan's files."""
+def prepare_run_dir(plan: LaunchPlan, lock: bool = False) -> int | None:
+    """Create the run directory safely (``rundir.secure``), take its lock (``lock``: for as long
+    as the returned descriptor stays open), remove the previous launch's live state (a symlink
+    is removed, never followed) and write the plan's files."""
+    run_dir = Path(plan.run_dir)
+    ensure_run_dir(run_dir, run_dir.parents[1], plan.dir_mode)
+    held = hold_run_lock(run_dir / "watchdog") if lock else None
     for path in map(Path, plan.reset_paths):
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
@@ -126,4 +134,5 @@ def prepare_run_dir(plan: LaunchPlan) -> None:
         directory.mkdir(parents=True, exist_ok=True)
     for path, content in plan.files.items():
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(content, encoding="utf-8")
+        write_text_atomic(Path(path), content)
+    return held

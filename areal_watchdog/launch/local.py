@@ -7,6 +7,8 @@ clean shutdown of every process on exit, Ctrl-C, SIGHUP or ``on_hang: cancel``.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from areal_watchdog.common.atomic import read_json, write_json_atomic
+from areal_watchdog.common.atomic import open_append, read_json, write_json_atomic
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.job import (
@@ -76,6 +78,7 @@ class LocalBackend:
             files=launch_files(config, info, watchdog),
             processes=processes,
             reset_paths=[str(p) for p in stale_state(layout)],
+            dir_mode=config.launch.run_dir_mode,
         )
 
     def execute(self, plan: LaunchPlan, out: TextIO = sys.stdout) -> int:
@@ -97,9 +100,9 @@ class _LocalRun:
         print(f"[areal-launch] {message}", file=self.out, flush=True)
 
     def run(self) -> int:
-        prepare_run_dir(self.plan)
+        held = prepare_run_dir(self.plan, lock=True)  # released when this process ends
         log_path = self.layout.logs_dir / f"torchrun_{self.node}.log"
-        log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in the finally below
+        log = open_append(log_path)  # closed in the finally below
         job = start(
             self.plan.processes[0],
             stdout=subprocess.PIPE,
@@ -121,9 +124,11 @@ class _LocalRun:
                 stop_job(job, self.plan.run_id, grace=1.0 if interrupts.count > 1 else 20.0)
             pump.thread.join(timeout=5)
             log.close()
-            self.record_exit(job.returncode)
-            if self.sidecar is not None:
-                self.sidecar.finish(interrupted=interrupts.count > 0)
+            recorded = self.record_exit(job.returncode)
+            if self.sidecar is not None:  # without the record, only a signal tells it the end
+                self.sidecar.finish(interrupted=interrupts.count > 0 or not recorded)
+            if held is not None:
+                os.close(held)
         return self.exit_code(job.returncode, interrupts.count > 0)
 
     def supervise(self, job: subprocess.Popen, pump: OutputPump, interrupts: Interrupts) -> None:
@@ -131,9 +136,9 @@ class _LocalRun:
         while job.poll() is None:
             if interrupts.count:
                 self.say("interrupted: stopping the job (again to kill it at once)")
-                write_json_atomic(
-                    self.layout.interrupted_file, {"run_id": self.plan.run_id, "time": time.time()}
-                )
+                record = {"run_id": self.plan.run_id, "time": time.time()}
+                with contextlib.suppress(OSError):
+                    write_json_atomic(self.layout.interrupted_file, record)
                 return
             if not self.cancelled and isinstance(read_json(self.layout.cancel_file), dict):
                 self.cancelled = True
@@ -144,10 +149,16 @@ class _LocalRun:
                 self.sidecar.keep_alive()
             time.sleep(0.2)
 
-    def record_exit(self, returncode: int | None) -> None:
-        self.layout.job_exit_dir.mkdir(parents=True, exist_ok=True)
+    def record_exit(self, returncode: int | None) -> bool:
+        """Tell the sidecar how the job ended; False when the run directory refuses."""
         record = {"run_id": self.plan.run_id, "returncode": returncode, "time": time.time()}
-        write_json_atomic(self.layout.job_exit(self.node), record)
+        try:
+            self.layout.job_exit_dir.mkdir(exist_ok=True)  # never re-create a deleted run dir
+            write_json_atomic(self.layout.job_exit(self.node), record)
+        except OSError as exc:
+            self.say(f"cannot record the job's end in {self.layout.run_dir}: {exc.strerror}")
+            return False
+        return True
 
     def exit_code(self, returncode: int | None, interrupted: bool) -> int:
         if interrupted:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,10 +35,13 @@ class LaunchPlan:
     reset_paths: list[str] = field(default_factory=list)  # stale state of an earlier launch
     notes: list[str] = field(default_factory=list)
     payload: Any = field(default=None, repr=False)  # the backend's own (Slurm: the submission)
+    dir_mode: int = 0o700  # the run directory's permissions (watchdog.run_dir_mode)
 
     def render(self, redactor: Redactor | None = None) -> str:
         """The human-readable plan that ``--dry-run`` prints (secrets redacted)."""
-        redactor = redactor or Redactor.from_environment()
+        if redactor is None:  # the job's own secret-looking variables (launch.env) too
+            env = {k: v for proc in self.processes for k, v in proc.env.items()}
+            redactor = Redactor.from_environment({**os.environ, **env})
         lines = [
             f"backend:   {self.backend}",
             f"run id:    {self.run_id}",

@@ -45,11 +45,14 @@ def start(spec: ProcessSpec, **popen: Any) -> subprocess.Popen:
 
 
 def run_processes(run_id: str) -> list[psutil.Process]:
-    """Every process that carries this run id: ranks, their workers, servers they started."""
+    """Every process of ours that carries this run id: ranks, their workers, servers they
+    started. Another user's process is never one of them, whatever its environment says."""
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.pid != os.getpid() and proc.environ().get(ENV_RUN_ID) == run_id:
+            if proc.pid == os.getpid() or proc.uids().real != os.getuid():
+                continue
+            if proc.environ().get(ENV_RUN_ID) == run_id:
                 found.append(proc)
         except (psutil.Error, OSError):
             continue

@@ -20,7 +20,7 @@ from typing import Any
 
 import requests
 
-from areal_watchdog.common.atomic import read_json, write_json_atomic
+from areal_watchdog.common.atomic import open_append, read_json, write_json_atomic
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.notify.envelope import signature_headers
 from areal_watchdog.notify.sinks import ResolvedSink, SecretError, SinkSpec, resolve
@@ -101,13 +101,7 @@ def send(
                 headers.update(signature_headers(body, sink.secret, message_id, timestamp))
         wait = min(MAX_BACKOFF, spec.backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
         try:
-            response = requests.post(
-                sink.url,
-                data=body,
-                headers=headers,
-                timeout=(min(5.0, spec.timeout), spec.timeout),
-                allow_redirects=False,
-            )
+            response = _post_within(spec.timeout, sink.url, body, headers)
         except requests.RequestException as exc:
             outcome.error = redactor.scrub(f"{type(exc).__name__}: {exc}")[:300]
         else:
@@ -132,6 +126,54 @@ def send(
     return outcome
 
 
+GRACE = 1.0  # seconds past a sink's timeout before an attempt is abandoned
+
+
+def _post_within(timeout: float, url: str, body: bytes, headers: dict[str, str]) -> Any:
+    """POST with ``timeout`` as a total deadline: requests' own timeout is per read, so a
+    receiver that trickles one byte at a time would hold it forever. On the deadline the
+    connection is closed under the worker thread, which then ends too."""
+    session = requests.Session()
+    result: dict[str, Any] = {}
+
+    def attempt() -> None:
+        try:
+            result["response"] = session.post(
+                url, data=body, headers=headers, timeout=(min(5.0, timeout), timeout),
+                allow_redirects=False,
+            )  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - handed to the caller below
+            result["error"] = exc
+
+    worker = threading.Thread(target=attempt, name="areal-watchdog-post", daemon=True)
+    worker.start()
+    worker.join(timeout + GRACE)  # requests' own timeouts, with better messages, come first
+    session.close()
+    if worker.is_alive():
+        raise requests.Timeout(f"no complete answer within {timeout:g} s")
+    if "error" in result:
+        error = result["error"]
+        raise (
+            error
+            if isinstance(error, requests.RequestException)
+            else requests.RequestException(str(error))
+        )
+    return result["response"]
+
+
+def _ends_a_line(path: Path) -> bool:
+    """True when ``path`` is missing, empty or ends with a newline."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            if fh.tell() == 0:
+                return True
+            fh.seek(-1, 2)
+            return fh.read(1) == b"\n"
+    except OSError:
+        return True
+
+
 def _retry_after(value: str | None) -> float | None:
     if value is None:
         return None
@@ -154,13 +196,22 @@ class Spool:
             lines = self.delivered_log.read_text(encoding="utf-8").splitlines()
         except OSError:
             return set()
-        return {json.loads(line)["id"] for line in lines if line.strip()}
+        ids = set()
+        for line in lines:
+            try:
+                ids.add(json.loads(line)["id"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by a crash or a full disk: the rest still counts
+        return ids
 
     def mark_delivered(self, message_id: str) -> None:
         with self.lock:
             self.directory.mkdir(parents=True, exist_ok=True)
-            with open(self.delivered_log, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps({"id": message_id, "time": time.time()}) + "\n")
+            line = json.dumps({"id": message_id, "time": time.time()}) + "\n"
+            if not _ends_a_line(self.delivered_log):
+                line = "\n" + line  # after a line cut short, start a fresh one
+            with open_append(self.delivered_log) as fh:
+                fh.write(line)
             (self.directory / f"{message_id}.json").unlink(missing_ok=True)
 
     def drop(self, message_id: str) -> None:

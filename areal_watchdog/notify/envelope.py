@@ -15,6 +15,7 @@ secret is used as its UTF-8 bytes.
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
 import json
@@ -67,8 +68,12 @@ def encode(document: dict[str, Any]) -> bytes:
 
 
 def secret_key(secret: str) -> bytes:
+    """The HMAC key: a Standard Webhooks ``whsec_`` secret is base64; anything else is text."""
     if secret.startswith("whsec_"):
-        return base64.b64decode(secret[len("whsec_") :])
+        try:
+            return base64.b64decode(secret[len("whsec_") :], validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("a whsec_ secret must be base64 after 'whsec_'") from None
     return secret.encode("utf-8")
 
 

@@ -4,6 +4,7 @@ detection or evidence gathering; what cannot be delivered goes to the spool.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -112,14 +113,18 @@ class Notifier:
             if message_id in done:
                 continue
             body = render(sink.spec, report)
-            # Write-ahead: if this process dies mid-send, the next one still delivers it.
-            self.spool.keep(message_id, sink.spec, body, "not sent yet")
+            # Write-ahead: if this process dies mid-send, the next one still delivers it. A full
+            # disk only loses that insurance: the message is sent all the same.
+            with contextlib.suppress(OSError):
+                self.spool.keep(message_id, sink.spec, body, "not sent yet")
             outcome = send(sink, body, message_id, self.redactor)
             self.log(f"notify {sink.spec.name}: {outcome.describe()}")
             if outcome.delivered:
-                self.spool.mark_delivered(message_id)
+                with contextlib.suppress(OSError):
+                    self.spool.mark_delivered(message_id)
             elif outcome.retryable:
-                self.spool.keep(message_id, sink.spec, body, outcome.error)
+                with contextlib.suppress(OSError):
+                    self.spool.keep(message_id, sink.spec, body, outcome.error)
                 self.say(
                     f"notification to {sink.spec.name} failed ({outcome.describe()}); kept in "
                     f"{self.spool.directory} and retried every {self.spool_retry_interval:g} s"

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from areal_watchdog.common.errors import ConfigError
+from areal_watchdog.notify.envelope import secret_key
 
 SINK_TYPES = ("slack", "webhook")
 _SECRET_FIELDS = {"slack": ("webhook_url",), "webhook": ("url", "secret")}
@@ -138,7 +139,13 @@ def resolve(spec: SinkSpec, env: dict[str, str] | None = None) -> ResolvedSink:
             value = _read_secret_file(src["file"], spec.name, field)
         values[field] = value.strip()
     url = values.get("webhook_url") or values.get("url") or ""
-    return ResolvedSink(spec, url, values.get("secret"))
+    secret = values.get("secret")
+    if secret:
+        try:
+            secret_key(secret)
+        except ValueError as exc:
+            raise SecretError(f"{spec.name}: {exc}") from None
+    return ResolvedSink(spec, url, secret)
 
 
 def _read_secret_file(path: str, name: str, field: str) -> str:

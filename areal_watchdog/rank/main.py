@@ -21,19 +21,24 @@ import ctypes
 import faulthandler
 import os
 import runpy
-import signal
 import socket
 import sys
 import time
 import traceback
 from pathlib import Path
 
-from areal_watchdog.common.atomic import write_json_atomic
+from areal_watchdog.common.atomic import open_append, write_json_atomic
+from areal_watchdog.common.redact import Redactor
 from areal_watchdog.evidence.flight_recorder import ENV_FLIGHT_RECORDER, start_listener
 from areal_watchdog.rank import task_listener
-from areal_watchdog.rundir.layout import ENV_NODE, ENV_RUN_ID, ENV_WATCH_DIR, RunLayout
+from areal_watchdog.rundir.layout import (
+    COOPERATIVE_SIGNAL,
+    ENV_NODE,
+    ENV_RUN_ID,
+    ENV_WATCH_DIR,
+    RunLayout,
+)
 
-COOPERATIVE_SIGNAL = signal.SIGURG
 _PR_SET_PTRACER = 0x59616D61
 _PR_SET_PTRACER_ANY = -1
 
@@ -52,8 +57,7 @@ def _register(layout: RunLayout, rank: int) -> object | None:
     """Write the registration file and arm the cooperative dump; return the open stack file."""
     try:
         layout.ranks_dir.mkdir(parents=True, exist_ok=True)
-        stack_file = open(layout.stack_file(rank), "a", encoding="utf-8")  # noqa: SIM115
-        os.chmod(layout.stack_file(rank), 0o644)
+        stack_file = open_append(layout.stack_file(rank))
         faulthandler.register(COOPERATIVE_SIGNAL, file=stack_file, all_threads=True, chain=False)
     except (OSError, ValueError, RuntimeError):
         stack_file = None
@@ -71,6 +75,11 @@ def _register(layout: RunLayout, rank: int) -> object | None:
     with contextlib.suppress(OSError):
         write_json_atomic(layout.registration(rank), record)
     return stack_file
+
+
+def scrub(text: str) -> str:
+    """The rank's own secrets (its environment) out of what it records."""
+    return Redactor.from_environment().scrub(text)
 
 
 def _record_exit(layout: RunLayout, rank: int, **fields: object) -> None:
@@ -127,8 +136,8 @@ def main(argv: list[str] | None = None) -> None:
                 kind="exception",
                 code=1,
                 exc_type=type(exc).__name__,
-                message=str(exc)[:2000],
-                traceback="".join(traceback.format_exception(exc))[-8000:],
+                message=scrub(str(exc))[:2000],  # scrubbed before the cut: no half secrets
+                traceback=scrub("".join(traceback.format_exception(exc)))[-8000:],
             )
         raise
     if layout is not None:

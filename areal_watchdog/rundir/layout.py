@@ -6,12 +6,16 @@ state below ``watchdog/`` and its incidents below ``incidents/``.
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 ENV_RUN_ID = "AREAL_WATCHDOG_RUN_ID"
 ENV_WATCH_DIR = "AREAL_WATCHDOG_DIR"
 ENV_NODE = "AREAL_WATCHDOG_NODE"
+# The signal a rank's faulthandler answers with its stacks (ignored by default: a stray one
+# harms nothing). It is part of the contract, never read from a file.
+COOPERATIVE_SIGNAL = signal.SIGURG
 
 
 @dataclass(frozen=True)

@@ -90,11 +90,35 @@ def config_hash(tree: dict[str, Any]) -> str:
 
 
 def read_manifest(data_file: Path) -> dict[str, Any] | None:
-    """The manifest beside a data file, or None when it is missing or unreadable."""
+    """The manifest beside a data file, or None when it is missing, unreadable or not a
+    manifest at all (a tampered file: a list, a string, a bad ``dp_size``)."""
     try:
-        return json.loads(manifest_path(data_file).read_text(encoding="utf-8"))
+        manifest = json.loads(manifest_path(data_file).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    if not isinstance(manifest, dict):
+        return None
+    dp_size = manifest.get("dp_size", 1)
+    if dp_size is not None and (isinstance(dp_size, bool) or not isinstance(dp_size, int)):
+        return None
+    if isinstance(dp_size, int) and not 1 <= dp_size <= 1 << 20:
+        return None
+    return manifest
+
+
+def step_problems(directory: Path, step: int) -> list[str]:
+    """Why a dumped step is not complete, naming each file (empty when it is not dumped)."""
+    files = [p for s, _dp, p in list_step_files(directory) if s == step]
+    problems = [
+        f"{manifest_path(p)}: missing, unreadable or not a manifest"
+        for p in files
+        if read_manifest(p) is None
+    ]
+    manifests = [m for p in files if (m := read_manifest(p)) is not None]
+    expected = max((int(m.get("dp_size") or 1) for m in manifests), default=1)
+    if files and not problems and len(files) < expected:
+        problems.append(f"{directory}: step {step} has {len(files)} of {expected} DP files")
+    return problems
 
 
 def check_file(
@@ -105,7 +129,10 @@ def check_file(
         return f"{data_file}: missing"
     manifest = manifest or read_manifest(data_file)
     if manifest is None:
-        return f"{manifest_path(data_file)}: missing or unreadable manifest (an incomplete write?)"
+        return (
+            f"{manifest_path(data_file)}: missing, unreadable or not a manifest "
+            "(an incomplete write or a tampered file?)"
+        )
     size = data_file.stat().st_size
     if size != manifest.get("bytes"):
         return f"{data_file}: truncated ({size} bytes, the manifest says {manifest.get('bytes')})"

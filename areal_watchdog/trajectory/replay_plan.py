@@ -29,6 +29,7 @@ from areal_watchdog.trajectory.format import (
     complete_steps,
     config_hash,
     read_manifest,
+    step_problems,
 )
 
 
@@ -57,17 +58,18 @@ def incident_time(layout: RunLayout) -> float | None:
 
 
 def choose_steps(
-    request: ReplayRequest, available: dict[int, list[Path]], before: float | None
+    request: ReplayRequest, available: dict[int, list[Path]], before: float | None, dump_dir: Path
 ) -> list[int]:
     """The steps to replay; by default the newest step dumped before the newest incident."""
     listing = format_ranks(sorted(available)) or "none"
     if request.step is not None:
         wanted = [request.step]
     elif request.first is not None or request.last is not None:
-        first = request.first if request.first is not None else min(available)
-        last = request.last if request.last is not None else max(available)
+        first = request.first if request.first is not None else min(available, default=0)
+        last = request.last if request.last is not None else max(available, default=0)
         if last < first:
             raise UserError(f"--from {first} --to {last}: the range is empty")
+        last = min(last, max(available, default=first))  # --to 10**12 means "to the end"
         wanted = list(range(first, last + 1))
     else:
         candidates = [
@@ -80,6 +82,10 @@ def choose_steps(
             raise UserError(f"no step was dumped before the incident (dumped steps: {listing})")
         wanted = [max(candidates)]
     missing = [s for s in wanted if s not in available]
+    problems = [p for s in missing for p in step_problems(dump_dir, s)]
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise UserError(f"cannot replay: {problems[0]}{more}")
     if missing:
         raise UserError(
             f"step(s) {format_ranks(missing)} not in the dump (complete steps: {listing})"
@@ -104,7 +110,7 @@ def plan_replay_config(request: ReplayRequest) -> tuple[JobConfig, list[int]]:
             "with --watchdog (watchdog.trajectory.enabled) and needs the training "
             "script to record its batches (areal_watchdog.trajectory)"
         )
-    steps = choose_steps(request, available, incident_time(layout))
+    steps = choose_steps(request, available, incident_time(layout), dump_dir)
     manifests = []
     for step in steps:
         for path in available[step]:

@@ -20,6 +20,7 @@ Built for shared filesystems such as NFS:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import time
@@ -155,14 +156,20 @@ class Coordinator:
             time.sleep(poll)
 
     def claim(self, key: str) -> bool:
-        """True for exactly one caller per key across all nodes (an exclusive create)."""
+        """True for exactly one caller per key across all nodes (an exclusive create). When the
+        claim cannot be written at all (a full disk, a deleted run directory) the caller reports
+        anyway: a duplicate report is better than none."""
         directory = self.layout.watch_dir / "claims"
-        directory.mkdir(parents=True, exist_ok=True)
         try:
-            fd = os.open(directory / key, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(
+                directory / key, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600
+            )
         except FileExistsError:
             return False
-        with os.fdopen(fd, "w") as fh:
+        except OSError:
+            return True
+        with contextlib.suppress(OSError), os.fdopen(fd, "w") as fh:
             fh.write(self.node)
         return True
 

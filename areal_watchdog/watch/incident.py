@@ -8,6 +8,7 @@ same event twice.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import subprocess
 import time
@@ -16,8 +17,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.common.rankset import format_ranks
+from areal_watchdog.common.redact import SECRET_NAME, Redactor
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.evidence.gather import GatherSettings
 from areal_watchdog.evidence.model import MISSING, Evidence, RankEvidence
@@ -53,6 +57,17 @@ class LocalEvidence:
         }
 
 
+def job_secrets(pids: list[int]) -> list[str]:
+    """The values of the job's secret-looking variables (``launch.env`` reaches the ranks, not
+    the sidecar), read from the ranks' own environment: they are our processes."""
+    found: list[str] = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error, OSError):
+            env = psutil.Process(pid).environ()
+            found += [v for k, v in env.items() if SECRET_NAME.search(k)]
+    return found
+
+
 def local_evidence(info: LaunchInfo, watch: NodeWatch) -> LocalEvidence:
     """This node's ranks: stacks, then Flight Recorder traces, then rollout tasks and servers."""
     wd = info.watchdog
@@ -62,6 +77,16 @@ def local_evidence(info: LaunchInfo, watch: NodeWatch) -> LocalEvidence:
     took = time.perf_counter() - started
     servers = watch.rollout(ranks, ROLLOUT_TIMEOUT)
     return LocalEvidence(ranks, traces, servers, took)
+
+
+@dataclass
+class _Unwritten:
+    """An incident waiting for disk space: its report, evidence, and whether to cancel."""
+
+    report: dict[str, Any]
+    evidence: Evidence
+    redactor: Redactor
+    cancel: bool
 
 
 @dataclass
@@ -79,6 +104,7 @@ class Incidents:
     say: Callable[[str], None]
     answered: set[str] = field(default_factory=set)
     written: list[Path] = field(default_factory=list)
+    pending: list[_Unwritten] = field(default_factory=list)  # incidents the disk refused
     cancelling: bool = False
 
     def open(
@@ -102,17 +128,36 @@ class Incidents:
         action = self.info.watchdog.on_hang if trigger in HANG_TRIGGERS else "report"
         ctx = self.context(trigger, now, action, timings)
         report = build_report(new_incident_id(verdict.category, now), verdict, evidence, ctx)
-        report = self.notifier.redactor.scrub_tree(report)  # once, for files and messages
-        path = write_incident(Path(self.info.run_dir), report, evidence, self.notifier.redactor)
-        self.written.append(path)
-        self.notifier.submit(report)
+        redactor = self.notifier.redactor.with_values(job_secrets(self.watch.pids()))
+        report = redactor.scrub_tree(report)  # once, for the files and the messages alike
+        self.notifier.submit(report)  # first: a message needs no disk
         culprits = format_ranks(verdict.culprit_ranks) or "none named"
-        self.say(
-            f"report written: {path / 'report.md'} -- {verdict.category}, culprit ranks "
-            f"{culprits}: {report['summary']}"
-        )
-        if action == "cancel":
-            self.cancel_job(report["incident_id"])
+        verdict_line = f"{verdict.category}, culprit ranks {culprits}: {report['summary']}"
+        self.pending.append(_Unwritten(report, evidence, redactor, action == "cancel"))
+        if not self.write_pending():
+            self.say(f"verdict (report not on disk yet, retried every poll): {verdict_line}")
+
+    def write_pending(self) -> bool:
+        """Write the incidents that could not be written (and act on them); False while the
+        disk still refuses. Called after each incident and on every poll."""
+        while self.pending:
+            item = self.pending[0]
+            try:
+                path = write_incident(Path(self.info.run_dir), item.report, item.evidence,
+                                      item.redactor)  # fmt: skip
+                if item.cancel:
+                    self.cancel_job(item.report["incident_id"])
+            except OSError as exc:
+                self.say(f"cannot write the incident report: {exc.strerror or exc}")
+                return False
+            self.pending.pop(0)
+            self.written.append(path)
+            culprits = format_ranks(item.report["culprit_ranks"]) or "none named"
+            self.say(
+                f"report written: {path / 'report.md'} -- {item.report['category']}, culprit "
+                f"ranks {culprits}: {item.report['summary']}"
+            )
+        return True
 
     def gather(self, trigger: Trigger, lost: list[str], statuses: dict) -> tuple[Evidence, float]:
         """Evidence from this node directly and from every other live node by request."""

@@ -45,12 +45,15 @@ class NodeWatch:
     live: dict[int, _RankWatch] = field(default_factory=dict)
     gone: dict[int, RankProcess] = field(default_factory=dict)
     polls: int = 0
+    world_size: int | None = None  # ranks beyond it are forged records, never watched
 
     def refresh(self, now: float, force: bool = False) -> None:
         """Find new rank processes (a full scan only now and then) and sample the known ones."""
         self.polls += 1
         if force or len(self.live) < self.expected or self.polls % DISCOVERY_EVERY == 1:
-            for rank, proc in discover(self.layout, self.run_id, self.node).items():
+            for rank, proc in discover(
+                self.layout, self.run_id, self.node, self.world_size
+            ).items():
                 if rank in self.gone and self.gone[rank].pid == proc.pid:
                     continue  # a zombie not yet reaped by torchrun
                 if rank in self.live and self.live[rank].proc.pid == proc.pid:
@@ -104,10 +107,13 @@ class NodeWatch:
             return
         self.gpus.update(samples, {w.proc.pid for w in self.live.values()}, now)
 
+    def pids(self) -> list[int]:
+        """The live ranks' process ids."""
+        return [w.proc.pid for w in self.live.values()]
+
     def rollout(self, items: list[RankEvidence], timeout: float) -> list[dict[str, Any]]:
         """Attach each live rank's pending asyncio tasks; return the inference-server probes."""
-        pids = [w.proc.pid for w in self.live.values()]
-        dumps, servers = gather_rollout(self.layout, pids, timeout)
+        dumps, servers = gather_rollout(self.layout, self.pids(), timeout)
         for item in items:
             if item.pid in dumps:
                 item.tasks = dumps[item.pid].get("tasks", [])

@@ -7,23 +7,31 @@ lines count) and reports step numbers; ``read_heartbeats`` reads the rank-side A
 
 from __future__ import annotations
 
+import getpass
 import glob
 import os
+import pwd
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import regex
+
 from areal_watchdog.common.atomic import read_json
 from areal_watchdog.rundir.layout import RunLayout
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+LINE_BUDGET_S = 0.05  # the longest one log line may take to match watchdog.step_regex
 
 
-def find_step(line: str, regex: re.Pattern[str]) -> int | None:
-    """The step number on a log line (ANSI colours stripped; the last match wins)."""
+def find_step(line: str, pattern: regex.Pattern[str]) -> int | None:
+    """The step number on a log line (ANSI colours stripped; the last match wins).
+
+    The match runs in the ``regex`` engine with a time budget per line: a pattern that
+    backtracks catastrophically raises TimeoutError instead of pinning the sidecar's CPU."""
     last = None
-    for match in regex.finditer(ANSI_ESCAPE.sub("", line)):
+    for match in pattern.finditer(ANSI_ESCAPE.sub("", line), timeout=LINE_BUDGET_S):
         last = match
     if last is None:
         return None
@@ -46,7 +54,8 @@ class StepLogTail:
 
     def __init__(self, patterns: list[str], step_regex: str) -> None:
         self.patterns = patterns
-        self.regex = re.compile(step_regex)
+        self.regex = regex.compile(step_regex)
+        self.slow_lines = 0  # lines skipped because the pattern took over LINE_BUDGET_S
         self.cursors: dict[str, _Cursor] = {}
         self._started = False
 
@@ -90,7 +99,11 @@ class StepLogTail:
         cursor.partial = lines.pop()
         steps = []
         for raw in lines:
-            step = find_step(raw.decode("utf-8", errors="replace"), self.regex)
+            try:
+                step = find_step(raw.decode("utf-8", errors="replace"), self.regex)
+            except TimeoutError:
+                self.slow_lines += 1
+                continue
             if step is not None:
                 steps.append(step)
         return steps
@@ -190,8 +203,18 @@ class StallClock:
 def default_log_patterns(
     layout: RunLayout, fileroot: str, experiment: str, trial: str
 ) -> list[str]:
-    """Rank 0's torchrun logs and AReaL's own log directory for this trial."""
+    """Rank 0's torchrun logs and AReaL's own log directory for this trial: the launching
+    user's only (``<fileroot>/logs/<user>/...``, the user who owns the run directory), so that
+    another user's files under the shared fileroot can never fake progress."""
     return [
         str(layout.torchrun_logs_dir / "*" / "*" / "attempt_*" / "0" / "std*.log"),
-        str(Path(fileroot) / "logs" / "*" / experiment / trial / "*.log"),
+        str(Path(fileroot) / "logs" / _owner_name(layout) / experiment / trial / "*.log"),
     ]
+
+
+def _owner_name(layout: RunLayout) -> str:
+    """The login name AReaL puts in its log path (``getpass.getuser()`` of the launcher)."""
+    try:
+        return pwd.getpwuid(layout.run_dir.stat().st_uid).pw_name
+    except (OSError, KeyError):
+        return getpass.getuser()

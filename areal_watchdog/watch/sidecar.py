@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from areal_watchdog.common.atomic import read_json, write_json_atomic
+from areal_watchdog.common.atomic import open_append, read_json, write_json_atomic
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.evidence.gpu import GpuBackend, IdleTracker, NoGpu, open_backend
 from areal_watchdog.launch.slurm.node import slurm_nodes
@@ -34,6 +34,7 @@ from areal_watchdog.watch.coordination import Coordinator
 from areal_watchdog.watch.incident import Incidents, local_evidence
 from areal_watchdog.watch.node import NodeWatch
 from areal_watchdog.watch.progress import (
+    LINE_BUDGET_S,
     StallClock,
     StepLogTail,
     default_log_patterns,
@@ -85,6 +86,7 @@ class Sidecar:
             self.layout, self.info.run_id, self.node, self.info.nproc_per_node, self.log,
             gpu_backend=self.open_gpus(),
             gpus=IdleTracker(wd.gpu_idle_utilization, wd.gpu_spin_power_fraction),
+            world_size=self.info.world_size,
         )  # fmt: skip
         self.coordinator = Coordinator(
             self.layout, self.info.run_id, self.node, self.nodes, wd.node_timeout
@@ -98,6 +100,8 @@ class Sidecar:
         self.gone_since: float | None = None
         self.exited_at: float | None = None
         self.pause_said = 0.0  # the end of the announced pause already said
+        self.run_dir_lost = False
+        self.slow_said = False
 
     # ----------------------------------------------------------------- output
     def say(self, message: str) -> None:
@@ -112,7 +116,7 @@ class Sidecar:
         """A line in this node's sidecar log file (best effort: a full disk loses lines)."""
         try:
             path = self.layout.logs_dir / f"sidecar_{self.node}.log"
-            with open(path, "a", encoding="utf-8") as fh:
+            with open_append(path) as fh:
                 fh.write(f"{time.strftime('%H:%M:%S')} {self.notifier.redactor.scrub(message)}\n")
         except (OSError, AttributeError):
             pass
@@ -159,6 +163,9 @@ class Sidecar:
 
     def poll(self, now: float) -> None:
         """One observation; the leader may open an incident."""
+        if not self.run_dir_present():
+            return
+        self.incidents.write_pending()
         self.observe_progress(now)
         self.watch.refresh(now)
         self.watch.sample_gpus(now)
@@ -174,7 +181,26 @@ class Sidecar:
         elif exited and (self.finished() or time.monotonic() - self.exited_at > FOLLOWER_LINGER):
             self.done = True
 
+    def run_dir_present(self) -> bool:
+        """Losing our own files (the run directory deleted) is our problem, not the job's:
+        say so once, loudly, and stop judging the job instead of cancelling it."""
+        if self.layout.launch_file.exists():
+            return True
+        if not self.run_dir_lost:
+            self.run_dir_lost = True
+            self.say(
+                f"WARNING: the run directory {self.layout.run_dir} is gone: the watchdog can no "
+                "longer follow this job; it will not report or cancel anything"
+            )
+        return False
+
     def publish(self, state: str) -> None:
+        try:
+            self._publish(state)
+        except OSError as exc:  # a full disk: peers miss one status, the watching goes on
+            self.log(f"cannot publish the node status: {exc}")
+
+    def _publish(self, state: str) -> None:
         written = self.incidents.written
         self.coordinator.publish(
             {
@@ -192,6 +218,13 @@ class Sidecar:
 
     def observe_progress(self, now: float) -> None:
         steps = self.tail.poll()
+        if self.tail.slow_lines and not self.slow_said:
+            self.slow_said = True
+            self.say(
+                f"watchdog.step_regex {self.info.watchdog.step_regex!r} took over "
+                f"{LINE_BUDGET_S * 1000:.0f} ms on a log line (catastrophic backtracking?): such "
+                "lines are skipped; simplify the pattern"
+            )
         beats = read_heartbeats(self.layout, self.info.run_id)
         if beats.max_step is not None:
             steps.append(beats.max_step)

@@ -19,7 +19,7 @@ from pathlib import Path
 from string import Template
 from typing import Any, TextIO
 
-from areal_watchdog.common.atomic import write_json_atomic
+from areal_watchdog.common.atomic import read_json, write_json_atomic
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.job import (
@@ -30,7 +30,7 @@ from areal_watchdog.launch.job import (
     stale_state,
 )
 from areal_watchdog.launch.plan import LaunchPlan, ProcessSpec
-from areal_watchdog.launch.slurm.jobs import wait_for_job
+from areal_watchdog.launch.slurm.jobs import ACTIVE_STATES, job_state, wait_for_job
 from areal_watchdog.launch.slurm.node import NodeJob
 from areal_watchdog.launch.slurm.options import validate_slurm
 from areal_watchdog.rundir.launch_info import LaunchInfo
@@ -101,6 +101,7 @@ class SlurmBackend:
             reset_paths=[str(p) for p in stale_state(layout)],
             notes=[f"sbatch script (submitted through submitit, logs in {folder}):", "", script],
             payload=Submission(parameters, node_job, folder, python_cmd),
+            dir_mode=config.launch.run_dir_mode,
         )
 
     def execute(self, plan: LaunchPlan, out: TextIO = sys.stdout) -> int:
@@ -215,6 +216,7 @@ def submit(plan: LaunchPlan) -> str:
     import submitit
 
     submission: Submission = plan.payload
+    _refuse_if_running(Path(plan.run_dir))
     prepare_run_dir(plan)
     executor = submitit.SlurmExecutor(
         folder=submission.folder, max_num_timeout=0, python=submission.python
@@ -226,6 +228,19 @@ def submit(plan: LaunchPlan) -> str:
         raise UserError(f"sbatch refused the job: {str(exc).strip()[:600]}") from None
     _record_job(plan, str(job.job_id), submission.folder)
     return str(job.job_id)
+
+
+def _refuse_if_running(run_dir: Path) -> None:
+    """A second submission into a run directory whose job still runs is refused."""
+    record = read_json(RunLayout(run_dir).watch_dir / "slurm_job.json")
+    if not isinstance(record, dict):
+        return
+    state = job_state(str(record.get("job_id"))).get("JobState", "")
+    if state in ACTIVE_STATES:
+        raise UserError(
+            f"{run_dir}: already in use by Slurm job {record.get('job_id')} ({state}); cancel it "
+            "(areal-launch cancel) or choose another trial_name"
+        )
 
 
 def _record_job(plan: LaunchPlan, job_id: str, folder: str) -> None:

@@ -13,6 +13,10 @@ from areal_watchdog.common.errors import UserError
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.rundir.layout import RunLayout
 
+ACTIVE_STATES = (
+    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED",
+)  # fmt: skip
+
 
 def job_state(job_id: str) -> dict[str, str]:
     """``scontrol show job``'s fields (JobState, Reason, NodeList, Comment...); empty if purged."""
@@ -47,15 +51,7 @@ def wait_for_job(job_id: str, run_dir: Path, poll: float = 2.0, out=print) -> in
         if state != last:
             out(f"[areal-launch] job {job_id}: {state}")
             last = state
-        if state not in (
-            "PENDING",
-            "CONFIGURING",
-            "RUNNING",
-            "COMPLETING",
-            "REQUEUED",
-            "RESIZING",
-            "SUSPENDED",
-        ):
+        if state not in ACTIVE_STATES:
             break
         time.sleep(poll)
     if isinstance(read_json(RunLayout(run_dir).cancel_file), dict):
