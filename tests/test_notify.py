@@ -22,7 +22,7 @@ from areal_watchdog.evidence.model import BLOCKED, Evidence, Frame, RankEvidence
 from areal_watchdog.notify.delivery import Spool, delivery_id, send
 from areal_watchdog.notify.envelope import ENVELOPE_SCHEMA, verify
 from areal_watchdog.notify.notifier import Notifier, render
-from areal_watchdog.notify.sinks import SinkSpec, parse_sinks, resolve
+from areal_watchdog.notify.sinks import SecretError, SinkSpec, parse_sinks, resolve
 from areal_watchdog.notify.slack import MAX_GROUPS_SHOWN, build_slack_message, check_limits
 from areal_watchdog.report.build import IncidentContext, build_report
 from areal_watchdog.report.sample import sample_report
@@ -295,3 +295,12 @@ def test_a_damaged_spool_ledger_is_read_past(tmp_path: Path) -> None:
     assert spool.delivered_ids() == {"a", "b"}
     spool.mark_delivered("d")
     assert spool.delivered_ids() == {"a", "b", "d"}
+
+
+def test_a_whsec_secret_that_is_not_base64_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = webhook("http://127.0.0.1:9/hook")
+    monkeypatch.setenv("TEST_HOOK_SECRET", "whsec_not*base64!")
+    with pytest.raises(SecretError, match="whsec_ secret must be base64"):
+        resolve(spec)
