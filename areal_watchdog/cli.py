@@ -6,6 +6,7 @@
     areal-launch cancel RUN_DIR_OR_JOB_ID
     areal-launch replay RUN_DIR [--step N | --from N --to M] [--nproc K] [--dry-run]
     areal-launch notify-test CONFIG [key=value ...]
+    areal-launch diagnose PATH [--json]
 
 Exit codes: 0 completed, 1 the job failed, 2 bad usage or configuration, 3 a hang was detected
 and the job cancelled (``watchdog.on_hang: cancel``), 4 cancelled by someone (``slurm --wait``),
@@ -15,6 +16,7 @@ and the job cancelled (``watchdog.on_hang: cancel``), 4 cancelled by someone (``
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -27,6 +29,9 @@ from areal_watchdog.common.redact import Redactor
 from areal_watchdog.config.load import load_config
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.config.preflight import preflight
+from areal_watchdog.diagnose.classify import classify
+from areal_watchdog.diagnose.render import verdict_dict, verdict_text
+from areal_watchdog.evidence import offline
 from areal_watchdog.launch.backend import backend
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.local import LocalBackend
@@ -38,7 +43,7 @@ from areal_watchdog.report.sample import sample_report
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.trajectory.replay_plan import ReplayRequest, plan_replay_config
 
-COMMANDS = ("local", "slurm", "status", "cancel", "replay", "notify-test")
+COMMANDS = ("local", "slurm", "status", "cancel", "replay", "notify-test", "diagnose")
 
 
 def _launch_parser(backend: str) -> argparse.ArgumentParser:
@@ -267,6 +272,21 @@ def cmd_notify_test(argv: list[str], _watchdog: bool) -> int:
     return ExitCode.JOB_FAILED if failures else ExitCode.OK
 
 
+def cmd_diagnose(argv: list[str], _watchdog: bool) -> int:
+    parser = argparse.ArgumentParser(
+        prog="areal-launch diagnose",
+        description="Classify a hang after the fact: Flight Recorder dumps or an incident.",
+    )
+    parser.add_argument("path", type=Path, help="a directory of per-rank dumps, or an incident")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    found = offline.load(args.path)
+    verdict = classify(found.evidence)
+    source = {"path": str(args.path), "kind": found.source, "files": found.files}
+    print(json.dumps(verdict_dict(verdict, source)) if args.json else verdict_text(verdict))
+    return 0
+
+
 HANDLERS: dict[str, Callable[[list[str], bool], int]] = {
     "local": lambda argv, watchdog: cmd_launch("local", argv, watchdog),
     "slurm": lambda argv, watchdog: cmd_launch("slurm", argv, watchdog),
@@ -274,6 +294,7 @@ HANDLERS: dict[str, Callable[[list[str], bool], int]] = {
     "cancel": cmd_cancel,
     "replay": cmd_replay,
     "notify-test": cmd_notify_test,
+    "diagnose": cmd_diagnose,
 }
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_diagnose import run_diagnose_benchmarks  # noqa: E402
+from bench_faults import run_fault_benchmarks  # noqa: E402
 from bench_notify import run_notify_benchmarks  # noqa: E402
 from bench_trajectory import run_trajectory_benchmarks  # noqa: E402
 from bench_watchdog import run_watchdog_benchmarks  # noqa: E402
@@ -21,18 +23,21 @@ TOPICS = {
     "watchdog": run_watchdog_benchmarks,
     "notify": run_notify_benchmarks,
     "trajectory": run_trajectory_benchmarks,
+    "faults": run_fault_benchmarks,
+    "diagnose": run_diagnose_benchmarks,
 }
 
 
-def print_table(title: str, rows: list[tuple[str, str, str]]) -> None:
-    """Print ``(measure, value, target)`` rows under a title."""
-    width = max(len("measure"), *(len(r[0]) for r in rows))
-    value_width = max(len("measured"), *(len(r[1]) for r in rows))
+def print_table(
+    title: str,
+    rows: list[tuple[str, ...]],
+    header: tuple[str, ...] = ("measure", "measured", "target"),
+) -> None:
+    """Print rows (``(measure, value, target)`` unless another header is given) under a title."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     print(f"\n## {title}\n")
-    print(f"{'measure'.ljust(width)}  {'measured'.ljust(value_width)}  target")
-    print(f"{'-' * width}  {'-' * value_width}  ------")
-    for measure, value, target in rows:
-        print(f"{measure.ljust(width)}  {value.ljust(value_width)}  {target}")
+    for cells in (header, tuple("-" * w for w in widths), *rows):
+        print("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
     sys.stdout.flush()
 
 
@@ -45,8 +50,8 @@ def main() -> int:
     for name in args.only.split(","):
         if name not in TOPICS:
             parser.error(f"unknown topic {name!r}; choose from {', '.join(TOPICS)}")
-        for title, rows in TOPICS[name](quick=args.quick):
-            print_table(title, rows)
+        for title, rows, *header in TOPICS[name](quick=args.quick):
+            print_table(title, rows, *header)
     print(f"\n(total {time.time() - started:.0f} s)")
     return 0
 

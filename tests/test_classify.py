@@ -50,8 +50,8 @@ def rank(r: int, threads: list[ThreadStack], state: str = BLOCKED, **kw: object)
 
 @pytest.mark.parametrize("path", RECORDED, ids=[p.stem for p in RECORDED])
 def test_recorded_evidence_from_real_hangs(path: Path) -> None:
-    # File names carry the expected verdict: <category>_w<world>_r<culprits>.json
-    category, _, culprits = path.stem.rpartition("_r")
+    # File names carry the expected verdict: <category>_w<world>_r<culprits>[--<label>].json
+    category, _, culprits = path.stem.split("--")[0].rpartition("_r")
     category = category.rsplit("_w", 1)[0]
     verdict = classify(Evidence.from_dict(json.loads(path.read_text())))
     assert verdict.category == category
@@ -59,7 +59,7 @@ def test_recorded_evidence_from_real_hangs(path: Path) -> None:
 
 
 def test_recorded_evidence_covers_every_pattern() -> None:
-    categories = {p.stem.rsplit("_w", 1)[0] for p in RECORDED}
+    categories = {p.stem.split("--")[0].rsplit("_w", 1)[0] for p in RECORDED}
     assert {
         "collective_mismatch",
         "collective_stuck",
@@ -195,3 +195,40 @@ def test_no_stacks_at_all_is_unknown_but_explained() -> None:
     ]
     verdict = classify(Evidence(world_size=2, ranks=ranks))
     assert verdict.category == "unknown" and verdict.summary
+
+
+def test_evidence_round_trips_every_thread_and_the_rollout_fields() -> None:
+    threads = [
+        ThreadStack("MainThread", [Frame("serve_forever", "/l/socketserver.py", 1)], False, False),
+        ThreadStack("EngineWorker", [Frame("all_reduce", TORCH, 2)], True, True, 140001),
+    ]
+    task = {"name": "Task-3", "chain": [{"name": "agenerate", "file": "/a.py", "line": 9}]}
+    evidence = Evidence(
+        world_size=1,
+        ranks=[rank(0, threads, role="actor", worker_index=3, tasks=[task])],
+        servers=[{"address": "127.0.0.1:30000", "state": "up"}],
+    )
+    again = Evidence.from_dict(json.loads(json.dumps(evidence.to_dict())))
+    assert again == evidence
+    old = json.loads((RECORDED[0].parent / "cleanup_deadlock_w3_r0.json").read_text())
+    assert all("active" not in t for r in old["ranks"] for t in r.get("threads", []))
+    loaded = Evidence.from_dict(old)
+    assert loaded.ranks[0].role is None and loaded.ranks[0].threads[0].active is None
+    assert loaded.servers == []
+
+
+def test_ten_thousand_ranks_with_every_thread_and_task_lists() -> None:
+    def worker_rank(r: int, op: str, line: int) -> RankEvidence:
+        serving = ThreadStack("MainThread", [Frame("serve_forever", "/l/socketserver.py", 1)])
+        idle = ThreadStack("Thread-2", [Frame("wait", "/l/threading.py", 3)], active=False)
+        engine = ThreadStack(
+            "EngineWorker", [Frame(op, TORCH, 100), Frame("train", USER, line)], active=False
+        )
+        tasks = [{"name": f"Task-{i}", "chain": [{"name": "agenerate"}]} for i in range(3)]
+        return rank(r, [serving, idle, engine], tasks=tasks)
+
+    ranks = [worker_rank(r, "all_reduce", 120) for r in range(10_000)]
+    ranks[777] = worker_rank(777, "broadcast", 130)
+    verdict = classify(Evidence(world_size=10_000, ranks=ranks))
+    assert (verdict.category, verdict.culprit_ranks) == ("collective_mismatch", [777])
+    assert "thread EngineWorker" in verdict.summary

@@ -11,14 +11,49 @@ import time
 from pathlib import Path
 
 import pytest
+from recording import record_dumps, record_evidence
 
+from areal_watchdog.diagnose.classify import classify
+from areal_watchdog.evidence import offline
 from areal_watchdog.evidence.flight_recorder import collect, nccl_dump, nccl_pipe
+from areal_watchdog.evidence.model import Evidence
 from areal_watchdog.notify.slack import build_slack_message, check_limits
 from areal_watchdog.rundir.layout import RunLayout
 from conftest import REPO, Launcher
 
 SCENARIOS = REPO / "examples" / "collective_hangs" / "config.yaml"
 FAST = ["experiment_name=hang-demo", "watchdog.stall_timeout=3", "watchdog.poll_interval=0.25"]
+
+
+def run_scenario(
+    launcher: Launcher, scenario: str, world: int, culprit: int, *extra: str
+) -> tuple[dict, Path]:
+    """Run one collective_hangs scenario to its report; each rank also dumps its Flight Recorder
+    when it stalls, as NCCL's TORCH_NCCL_DUMP_ON_TIMEOUT would (pickle, JSON, onlyActive)."""
+    dumps = launcher.root / "dumps"
+    result = launcher.run(
+        [
+            *FAST,
+            f"scenario.name={scenario}",
+            f"scenario.rank={culprit}",
+            f"launch.nproc_per_node={world}",
+            f"+scenario.dump_dir={dumps}",
+            *extra,
+        ],
+        config=SCENARIOS,
+        trial=scenario,
+    )
+    assert len(result.reports) == 1, result.output[-3000:]
+    return result.reports[0], dumps
+
+
+def offline_verdicts(dumps: Path, formats: tuple[str, ...]) -> dict[str, tuple[str, list[int]]]:
+    """What ``areal-launch diagnose`` concludes from each format of the dumps alone."""
+    verdicts = {}
+    for name in formats:
+        verdict = classify(offline.load(dumps / name).evidence)
+        verdicts[name] = (verdict.category, verdict.culprit_ranks)
+    return verdicts
 
 
 @pytest.mark.slow
@@ -34,17 +69,7 @@ FAST = ["experiment_name=hang-demo", "watchdog.stall_timeout=3", "watchdog.poll_
 def test_flight_recorder_names_the_rank_that_diverged(
     launcher: Launcher, scenario: str, world: int, culprit: int, kind: str, stacks_agree: bool
 ) -> None:
-    result = launcher.run(
-        [
-            *FAST,
-            f"scenario.name={scenario}",
-            f"scenario.rank={culprit}",
-            f"launch.nproc_per_node={world}",
-        ],
-        config=SCENARIOS,
-        trial=scenario,
-    )
-    (report,) = result.reports
+    report, dumps = run_scenario(launcher, scenario, world, culprit)
     assert report["culprit_ranks"] == [culprit], report["summary"]
     collectives = report["collectives"]
     assert collectives["ranks_without_trace"] == []
@@ -61,6 +86,56 @@ def test_flight_recorder_names_the_rank_that_diverged(
     assert "## Collectives (Flight Recorder)" in md
     slack = build_slack_message(report)
     assert check_limits(slack) == [] and "Collective record" in json.dumps(slack)
+    # The dumps alone (offline, as after a job that never ran under us) name the same rank.
+    for name, (_, culprits) in offline_verdicts(dumps, ("pickle", "json", "active")).items():
+        assert culprits == [culprit], name
+    if scenario in ("mismatch", "extra_op"):
+        record_dumps(dumps, f"{scenario}_w{world}_r{culprit}")
+
+
+# scenario, world, injected rank, category, culprit ranks, evidence fixture name
+ROUTING = [
+    ("moe", 4, 3, "straggler", [3], "straggler_w4_r3--moe-uneven-all-to-all"),
+    ("pairs", 4, 3, "straggler", [3], "straggler_w4_r3--pg-names-differ-from-pg-ids"),
+    ("tie", 2, 1, "collective_mismatch", [0, 1], "collective_mismatch_w2_r0-1--two-rank-tie"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("scenario", "world", "injected", "category", "culprits", "fixture"),
+    ROUTING,
+    ids=[c[0] for c in ROUTING],
+)
+def test_legal_uneven_routing_multi_group_ids_and_a_tie(
+    launcher: Launcher,
+    scenario: str,
+    world: int,
+    injected: int,
+    category: str,
+    culprits: list[int],
+    fixture: str,
+) -> None:
+    """moe: a legal uneven all_to_all_single every step, then rank 3 stalls in its own code;
+    pairs: groups whose names and pg_ids differ on every rank, rank 3 stalls; tie: two ranks
+    meet a fresh group with different collectives and no history to tell them apart."""
+    report, dumps = run_scenario(launcher, scenario, world, injected)
+    assert (report["category"], report["culprit_ranks"]) == (category, culprits), report["summary"]
+    record = report["collectives"]
+    assert record["culprit_ranks"] == culprits
+    if scenario == "tie":
+        assert "tie" in report["summary"]
+        (tie,) = [g for g in record["groups"] if g["kind"] == "mismatch"]
+        assert tie["tie"] and tie["culprit_ranks"] == [0, 1]
+    else:  # uneven sizes are legal: no mismatch anywhere, and the record names the straggler
+        assert all(g["kind"] != "mismatch" for g in record["groups"])
+        assert f"rank {injected}" in report["summary"].lower()
+    assert record["agreement"] == "the stacks and the collective record name the same ranks"
+    offline_category = "straggler" if category == "straggler" else "collective_mismatch"
+    for name, verdict in offline_verdicts(dumps, ("pickle", "json", "active")).items():
+        assert verdict == (offline_category, culprits), name
+    record_evidence(report, fixture)
+    record_dumps(dumps, f"{scenario}_w{world}_r{injected}")
 
 
 @pytest.mark.slow
@@ -138,3 +213,81 @@ def test_nccl_dump_pipe_is_used_when_no_listener_answers(tmp_path: Path) -> None
     assert traces[0]["entries"][0]["profiling_name"] == "nccl:all_reduce"
     assert "frames" not in traces[0]["entries"][0]
     assert collect(layout, [1], timeout=0.2) == {}  # no listener, no pipe: no trace, no wait
+
+
+def entry(seq: int, op: str, group: str = "0", pg_id: int = 0, **kw: object) -> dict:
+    """One Flight Recorder entry as PyTorch writes it (pickle form: tuples, ints)."""
+    return {
+        "collective_seq_id": seq,
+        "profiling_name": f"nccl:{op}",
+        "process_group": (group, "default_pg" if group == "0" else "undefined"),
+        "pg_id": pg_id,
+        "input_sizes": kw.get("inputs", [[4]]),
+        "output_sizes": kw.get("outputs", [[4]]),
+        "input_dtypes": ["Float"],
+        "output_dtypes": ["Float"],
+        "is_p2p": False,
+        "retired": kw.get("retired", True),
+        "state": "completed" if kw.get("retired", True) else "scheduled",
+    }
+
+
+def verdict_of(dumps: dict[int, dict]) -> tuple[str, list[int], str]:
+    traces = {str(r): {"pg_config": {}, **d} for r, d in dumps.items()}
+    verdict = classify(Evidence(world_size=len(dumps), ranks=[], flight_records=traces))
+    return verdict.category, verdict.culprit_ranks, verdict.summary
+
+
+def test_uneven_all_to_all_is_legal_but_totals_must_match() -> None:
+    def a2a(rank: int, sent: int, received: int, retired: bool = True) -> dict:
+        ops = [entry(1, "all_reduce"), entry(2, "all_to_all", inputs=[[sent, 8]])]
+        ops[1]["output_sizes"] = [[received, 8]]
+        ops[1]["retired"] = retired
+        return {"entries": ops}
+
+    legal = {0: a2a(0, 3, 5), 1: a2a(1, 5, 4), 2: a2a(2, 4, 3)}  # 12 sent, 12 received
+    assert verdict_of(legal)[0] == "unknown"  # everything completed: no mismatch invented
+    stuck = {r: {"entries": [entry(1, "all_reduce")]} for r in range(3)}
+    stuck[0]["entries"].append(a2a(0, 3, 5, retired=False)["entries"][1])
+    stuck[1]["entries"].append(a2a(1, 5, 4, retired=False)["entries"][1])
+    assert verdict_of(stuck)[:2] == ("straggler", [2])  # rank 2 never joined the all_to_all
+    broken = {0: a2a(0, 3, 5), 1: a2a(1, 5, 4), 2: a2a(2, 4, 9)}  # 12 sent, 18 expected
+    category, culprits, summary = verdict_of(broken)
+    assert (category, culprits) == ("collective_mismatch", []) and "cannot tell" in summary
+
+
+def test_pg_status_is_read_under_each_ranks_own_pg_id() -> None:
+    """Group "7" is pg_id 1 on rank 0 and pg_id 2 on rank 1 (NCCL pickles key pg_status by
+    int pg_id; "7" is a decoy keyed by name). The ring buffer ends at #5 on both ranks, but
+    rank 0 has enqueued #6 since: rank 1 is the one behind."""
+    decoy = {"last_enqueued_collective": 99, "last_completed_collective": 99}
+
+    def dump(pg_id: int, enqueued: int) -> dict:
+        return {
+            "entries": [entry(s, "all_reduce", "7", pg_id) for s in (4, 5)],
+            "pg_status": {pg_id: {"last_enqueued_collective": enqueued}, "7": decoy},
+        }
+
+    category, culprits, summary = verdict_of({0: dump(1, 6), 1: dump(2, 5)})
+    assert (category, culprits) == ("straggler", [1]) and "#6" in summary
+
+
+def test_json_dumps_carry_status_numbers_as_strings() -> None:
+    def dump(enqueued: str) -> dict:
+        status = {"last_enqueued_collective": enqueued, "last_completed_collective": "3"}
+        return {"entries": [entry(3, "barrier")], "pg_status": {"0": status}}
+
+    assert verdict_of({0: dump("4"), 1: dump("4"), 2: dump("3")})[:2] == ("straggler", [2])
+
+
+def test_a_two_rank_split_is_a_tie_without_history_and_decided_with_it() -> None:
+    fresh = {0: {"entries": [entry(1, "all_reduce")]}, 1: {"entries": [entry(1, "broadcast")]}}
+    category, culprits, summary = verdict_of(fresh)
+    assert (category, culprits) == ("collective_mismatch", [0, 1]) and "tie" in summary
+
+    def history(last: str) -> dict:  # all_reduce then barrier, three times; then the split
+        ops = ["all_reduce", "barrier"] * 3 + ["all_reduce", last]
+        return {"entries": [entry(s, op) for s, op in enumerate(ops, 1)]}
+
+    category, culprits, summary = verdict_of({0: history("broadcast"), 1: history("barrier")})
+    assert (category, culprits) == ("collective_mismatch", [0]) and "tie" not in summary

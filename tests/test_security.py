@@ -87,7 +87,7 @@ def test_a_planted_ranks_symlink_never_exposes_a_secret(
 
 def test_our_run_directory_is_private(launcher: Launcher, shared_root: Path) -> None:
     result = launcher.run(
-        [*FAST, f"cluster.fileroot={shared_root}", "demo.hang=none", "demo.steps=2"]
+        [*FAST, f"cluster.fileroot={shared_root}", "demo.hang=none", "watchdog.stall_timeout=60"]
     )
     assert result.returncode == 0, result.output[-2000:]
     run_dir = shared_root / "hang-demo" / "t"

@@ -14,6 +14,7 @@ from typing import Any
 
 from areal_watchdog.common.rankset import ranks_phrase
 from areal_watchdog.diagnose.collectives import analyse
+from areal_watchdog.diagnose.record import record_finding
 from areal_watchdog.diagnose.rollout import RolloutFinding, rollout_finding
 from areal_watchdog.evidence.model import (
     BLOCKED,
@@ -93,16 +94,9 @@ CLEANUP_NAMES = frozenset(
 CLEANUP_HINT = re.compile(r"(cleanup|clean_up|teardown|shutdown|finali[sz]e|destroy)", re.I)
 BACKWARD_OPS = frozenset({"backward", "_engine_run_backward", "run_backward"})
 DATALOADER_OPS = frozenset({"__next__", "_next_data", "_get_data", "_try_get_data"})
-WORK_CALLS = (
-    COLLECTIVE_OPS
-    | P2P_OPS
-    | INIT_OPS
-    | {
-        "prepare_batch",
-        "wait_results",
-        "active_submit_and_wait",
-        "rollout_batch",
-    }
+DISTRIBUTED_CALLS = COLLECTIVE_OPS | P2P_OPS | INIT_OPS
+ROLLOUT_CALLS = frozenset(
+    {"prepare_batch", "wait_results", "active_submit_and_wait", "rollout_batch"}
 )
 _OUR_FILES = ("areal_watchdog/rank_main.py", "runpy")
 _SECONDARY_FAILURE = re.compile(
@@ -151,7 +145,12 @@ class Verdict:
 
 
 def classify(evidence: Evidence) -> Verdict:
-    """Classify a stall or failure; never raises on odd evidence, falls back to ``unknown``."""
+    """Classify a stall or failure; never raises on odd evidence, falls back to ``unknown``.
+
+    Evidence with no rank at all but Flight Recorder dumps (``areal-launch diagnose DIR``) is
+    judged on the collective record alone."""
+    if not evidence.ranks and _dumps(evidence):
+        return _from_record(evidence)
     activities = {r.rank: describe(r) for r in evidence.ranks}
     groups = _group(evidence.ranks, activities)
     finding = rollout_finding(evidence)
@@ -189,22 +188,38 @@ HANG_CATEGORIES = (
 )
 
 
+def _dumps(evidence: Evidence) -> dict[int, dict[str, Any]]:
+    return {int(r): t for r, t in evidence.flight_records.items() if t.get("entries")}
+
+
+def _from_record(evidence: Evidence) -> Verdict:
+    record = analyse(_dumps(evidence), evidence.world_size)
+    finding = record_finding(record)
+    return Verdict(
+        finding.category,
+        finding.confidence,
+        finding.culprit_ranks,
+        finding.summary,
+        collectives={**record.to_dict(), "agreement": "no stacks: the collective record alone"},
+    )
+
+
 def _weigh_collectives(verdict: Verdict, evidence: Evidence) -> None:
-    """Put the Flight Recorder record beside the stacks: it decides which rank diverged when the
-    operations at one sequence id disagree, and the report says whether both agree."""
-    dumps = {int(r): t for r, t in evidence.flight_records.items() if t.get("entries")}
+    """Put the Flight Recorder record beside the stacks: a decisive mismatch (operations that
+    disagree at one sequence id, not a tie) decides which rank diverged; the report says whether
+    the two agree."""
+    dumps = _dumps(evidence)
     if not dumps:
         return
     record = analyse(dumps, evidence.world_size)
     named = record.culprit_ranks
     before = (verdict.category, list(verdict.culprit_ranks))
+    finding = record.decisive_mismatch
     if (
-        record.has_mismatch
-        and named
+        finding is not None
         and verdict.category in HANG_CATEGORIES
         and set(named) != set(verdict.culprit_ranks)
     ):
-        finding = next(g for g in record.groups if g.kind == "mismatch")
         stacks_said = (
             f"the stacks alone suggested {before[0]} naming "
             f"{ranks_phrase(before[1]) if before[1] else 'no rank'}"
@@ -252,22 +267,66 @@ def describe(rank: RankEvidence) -> Activity:
     ) or any(f.name == "destroy_process_group" for f in frames):
         kind = "cleanup"
     sites = ";".join(f"{f.short_filename}:{f.line}:{f.name}" for f in user_frames)
-    return Activity(kind, op, f"{op}|{sites}", _where(op, user_frames))
+    where = _where(op, user_frames)
+    if thread.name and thread.name != "MainThread":
+        where += f" (thread {thread.name})"
+    return Activity(kind, op, f"{op}|{sites}", where)
 
 
 def work_thread(rank: RankEvidence) -> ThreadStack | None:
     """The thread that carries the rank's distributed or rollout work, else the main thread.
 
     In AReaL's ``rpc_server`` the main thread only serves HTTP while FSDP and NCCL run in the
-    ``EngineWorker`` thread; DeepSpeed issues all-gathers from the autograd thread. The first
-    thread (main thread first) with a frame in a collective, a P2P op, rendezvous or a rollout
-    wait is the one that explains a hang."""
+    ``EngineWorker`` thread; DeepSpeed issues all-gathers from the autograd thread. Preference:
+    a thread inside a collective, P2P or rendezvous call, or anywhere in ``torch.distributed`` /
+    c10d; then a thread in rollout work (``workflow_executor``, ``prepare_batch``,
+    ``wait_results``); then the main thread, unless it only serves requests while another thread
+    runs (py-spy's ``active`` flag): then that thread. Ties go to the main thread, then to the
+    first thread listed. The watchdog's own threads (``areal-*``) are never chosen."""
     main = rank.main_thread()
-    ordered = [main, *(t for t in rank.threads if t is not main)] if main else rank.threads
-    for thread in ordered:
-        if any(_bare(f.name) in WORK_CALLS for f in thread.frames):
-            return thread
+    best, best_score = None, 0
+    for thread in rank.threads:
+        score = _work_score(thread)
+        if score and thread is not main and _ours(thread):
+            score = 0
+        if score > best_score or (score == best_score and score and thread is main):
+            best, best_score = thread, score
+    if best is not None:
+        return best
+    if main is not None and _serving(main):
+        busy = [t for t in rank.threads if t is not main and t.active and not _ours(t)]
+        if busy:
+            return busy[0]
     return main
+
+
+_DISTRIBUTED_FILES = ("torch/distributed/", "c10d")
+_SERVE_LOOPS = frozenset({"serve_forever", "run_simple", "run_forever", "handle_request"})
+
+
+def _work_score(thread: ThreadStack) -> int:
+    """2: distributed work, 1: rollout work, 0: neither."""
+    score = 0
+    for frame in thread.frames:
+        name = _bare(frame.name)
+        if name in DISTRIBUTED_CALLS or any(m in frame.filename for m in _DISTRIBUTED_FILES):
+            return 2
+        if name in ROLLOUT_CALLS or "workflow_executor" in frame.filename:
+            score = 1
+    return score
+
+
+def _ours(thread: ThreadStack) -> bool:
+    """A helper thread the watchdog started in the rank (listeners): by name, or by its frames
+    when faulthandler gave no name. Only ever asked of threads other than the main thread."""
+    if thread.name and thread.name.startswith("areal-"):
+        return True
+    return any("areal_watchdog/" in f.filename for f in thread.frames)
+
+
+def _serving(thread: ThreadStack) -> bool:
+    """The thread sits in a request-serving loop (http.server, werkzeug, an event loop)."""
+    return any(_bare(f.name) in _SERVE_LOOPS for f in thread.frames)
 
 
 def _bare(name: str) -> str:
@@ -578,8 +637,9 @@ def _collective_mismatch(scene: Scene) -> Verdict | None:
         f"while {ranks_phrase(dominant)} wait in {acts[dominant[0]].where}: the ranks took "
         f"different code paths."
         if dominant
-        else f"The ranks wait in different collectives ({sites} call sites) with no majority: "
-        f"the ranks took different code paths."
+        else f"The ranks wait in different collectives ({sites} call sites), a tie with no "
+        f"majority: the ranks took different code paths, and the stacks cannot tell which "
+        f"side broke the pattern."
     )
     confidence = 0.45 if tie else (0.9 if len(culprits) * 4 <= len(collective) else 0.75)
     return Verdict("collective_mismatch", confidence, sorted(culprits), summary)

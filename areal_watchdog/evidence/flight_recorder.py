@@ -39,7 +39,10 @@ _KEPT = (
     "profiling_name",
     "input_sizes",
     "input_dtypes",
+    "output_sizes",
+    "output_dtypes",
     "process_group",
+    "pg_id",
     "is_p2p",
     "retired",
     "state",
@@ -157,24 +160,52 @@ def _listener_trace(layout: RunLayout, rank: int, request: str) -> dict[str, Any
 
 def _nccl_trace(layout: RunLayout, rank: int) -> dict[str, Any] | None:
     try:
-        data = nccl_dump(layout, rank).read_bytes()
-        trace = _PlainUnpickler(io.BytesIO(data)).load()
-    except (OSError, pickle.UnpicklingError, EOFError, ValueError):
+        return parse_trace(nccl_dump(layout, rank).read_bytes())
+    except OSError:
         return None
-    return trace if isinstance(trace, dict) else None
+
+
+# ------------------------------------------------------------------------------ parsing
+def parse_trace(data: bytes) -> dict[str, Any] | None:
+    """One rank's trace from a dump file's bytes, or None when it is not one.
+
+    Accepts a pickle (what ``TORCH_NCCL_DUMP_ON_TIMEOUT``, NCCL's dump pipe and
+    ``_dump_fr_trace()`` write), raw ``_dump_fr_trace_json()`` output, and the listener's record
+    (``{"rank", "trace"}``); full or ``onlyActive``."""
+    try:
+        if data[:1] == b"\x80":
+            trace = _PlainUnpickler(io.BytesIO(data)).load()
+        else:
+            trace = json.loads(data.decode("utf-8"))
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError):
+        return None
+    if isinstance(trace, dict) and isinstance(trace.get("trace"), dict):
+        trace = trace["trace"]
+    if not isinstance(trace, dict) or not ("entries" in trace or "pg_status" in trace):
+        return None  # not a trace: a listener's error record, some other JSON
+    return trace if isinstance(trace.get("entries", []), list) else None
+
+
+_PLAIN_TYPES = {
+    ("builtins", name) for name in ("set", "frozenset", "list", "dict", "tuple", "bytearray")
+} | {("collections", "OrderedDict")}
 
 
 class _PlainUnpickler(pickle.Unpickler):
-    """Dicts, lists, strings and numbers only: a dump file cannot run code here."""
+    """Containers, strings and numbers only: a dump file cannot run code here."""
 
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _PLAIN_TYPES:
+            return super().find_class(module, name)
         raise pickle.UnpicklingError(f"refusing {module}.{name} in a Flight Recorder dump")
 
 
 def strip(trace: dict[str, Any]) -> dict[str, Any]:
     """What the analysis needs (no stack frames): a few hundred bytes per collective."""
+    entries = [e for e in trace.get("entries") or [] if isinstance(e, dict)]
     return {
+        "version": trace.get("version"),
         "pg_status": trace.get("pg_status") or {},
         "pg_config": trace.get("pg_config") or {},
-        "entries": [{k: e.get(k) for k in _KEPT} for e in trace.get("entries") or []],
+        "entries": [{k: e.get(k) for k in _KEPT} for e in entries],
     }

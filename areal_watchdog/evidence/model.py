@@ -33,10 +33,14 @@ class Frame:
 
 @dataclass
 class ThreadStack:
-    """The frames of one thread, innermost first."""
+    """The frames of one thread, innermost first, with py-spy's flags (None: not known, as with
+    faulthandler)."""
 
     name: str | None
     frames: list[Frame]
+    active: bool | None = None  # py-spy: the thread was running (not idle in a wait) when sampled
+    owns_gil: bool | None = None  # py-spy: the thread held the GIL when sampled
+    thread_id: int | None = None  # Python's thread identifier (threading.get_ident)
 
 
 @dataclass
@@ -69,6 +73,8 @@ class RankEvidence:
     error: str | None = None  # why no stack could be taken
     log_tail: str = ""
     tasks: list[dict[str, Any]] = field(default_factory=list)  # pending asyncio tasks (rank.tasks)
+    role: str | None = None  # AReaL worker role (actor, rollout, ...) when known
+    worker_index: int | None = None  # AReaL worker index within its role
 
     def main_thread(self) -> ThreadStack | None:
         """The thread running the script: named MainThread, else the one rooted in <module>."""
@@ -102,7 +108,13 @@ class Evidence:
         """One RankEvidence from its ``asdict`` form (as sent between nodes)."""
         item = dict(data)
         item["threads"] = [
-            ThreadStack(t.get("name"), [Frame(**f) for f in t["frames"]])
+            ThreadStack(
+                t.get("name"),
+                [Frame(**f) for f in t["frames"]],
+                t.get("active"),
+                t.get("owns_gil"),
+                t.get("thread_id"),
+            )
             for t in item.get("threads", [])
         ]
         if item.get("exit") is not None:

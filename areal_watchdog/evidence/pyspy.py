@@ -72,15 +72,27 @@ def dump_pyspy(pid: int, timeout: float) -> list[ThreadStack]:
 
 
 def parse_pyspy_json(text: str) -> list[ThreadStack]:
-    """Turn ``py-spy dump --json`` output into ThreadStacks."""
+    """Turn ``py-spy dump --json`` output into ThreadStacks, every thread with its flags."""
     threads = []
     for thread in json.loads(text):
         frames = [
             Frame(str(f.get("name", "?")), str(f.get("filename", "?")), int(f.get("line") or 0))
             for f in thread.get("frames", [])
         ]
-        threads.append(ThreadStack(thread.get("thread_name"), frames))
+        threads.append(
+            ThreadStack(
+                thread.get("thread_name"),
+                frames,
+                _flag(thread.get("active")),
+                _flag(thread.get("owns_gil")),
+                thread.get("thread_id") if isinstance(thread.get("thread_id"), int) else None,
+            )
+        )
     return threads
+
+
+def _flag(value: object) -> bool | None:
+    return value if isinstance(value, bool) else None
 
 
 def _is_stopped(pid: int) -> bool:

@@ -1,0 +1,52 @@
+"""A verdict for a terminal (``areal-launch diagnose``): a few lines for people, or one JSON
+object for scripts. Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from areal_watchdog.common.rankset import format_ranks
+from areal_watchdog.diagnose.classify import Verdict
+
+
+def verdict_dict(verdict: Verdict, source: dict[str, Any]) -> dict[str, Any]:
+    """The ``--json`` object: the verdict's fields, the stack groups, the collective record."""
+    return {
+        "category": verdict.category,
+        "culprit_ranks": verdict.culprit_ranks,
+        "summary": verdict.summary,
+        "confidence": round(verdict.confidence, 2),
+        "culprit_nodes": verdict.culprit_nodes,
+        "cause": verdict.cause,
+        "culprit_workers": verdict.culprit_workers,
+        "groups": [
+            {"ranks": g.ranks, "kind": g.kind, "where": g.where, "signature": g.signature}
+            for g in verdict.groups
+        ],
+        "collectives": verdict.collectives,
+        "source": source,
+    }
+
+
+def verdict_text(verdict: Verdict) -> str:
+    """What a person reads first: category, culprits, summary, then the evidence tables."""
+    culprits = format_ranks(verdict.culprit_ranks) or "none named"
+    cause = f" ({verdict.cause})" if verdict.cause else ""
+    lines = [
+        f"{verdict.category}{cause}: culprit ranks {culprits}, confidence {verdict.confidence:.2f}",
+        verdict.summary,
+    ]
+    if verdict.groups:
+        lines.append("stack groups:")
+        lines += [f"  ranks {format_ranks(g.ranks)}: {g.kind}, {g.where}" for g in verdict.groups]
+    record = verdict.collectives
+    if record:
+        lines.append("collective record:")
+        for group in record["groups"]:
+            lines.append(f"  group {group['group']}: {'; '.join(group['table'])}")
+            if group["kind"] in ("mismatch", "missing"):
+                lines.append(f"    {group['description']}")
+        if record.get("ranks_without_trace"):
+            lines.append(f"  no dump from ranks {format_ranks(record['ranks_without_trace'])}")
+        lines.append(f"  {record['agreement']}")
+    return "\n".join(lines)
