@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -69,3 +71,55 @@ class Receiver:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class Trickler:
+    """A hostile receiver on 127.0.0.1: reads the request, then sends a valid 200 response one
+    byte every ``interval`` seconds, status line first. No single read ever waits ``interval``
+    or longer, so only a total deadline ends an attempt. ``hung_up`` counts connections the
+    client closed before the response was complete."""
+
+    RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\n\r\n" + b"x" * 40
+
+    def __init__(self, interval: float = 2.0) -> None:
+        self.interval = interval
+        self.stop = threading.Event()
+        self.connections = 0
+        self.hung_up = 0
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while not self.stop.is_set():
+                conn, _ = self.server.accept()
+                self.connections += 1
+                threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                for byte in self.RESPONSE:
+                    conn.sendall(bytes([byte]))
+                    if self.stop.wait(self.interval):
+                        return
+                    if _closed_by_peer(conn):
+                        raise ConnectionResetError
+            except OSError:
+                self.hung_up += 1  # the client shut the connection before the end
+
+    def close(self) -> None:
+        self.stop.set()
+        self.server.close()
+
+
+def _closed_by_peer(conn: socket.socket) -> bool:
+    try:
+        return conn.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False  # open, nothing to read

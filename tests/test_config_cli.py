@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,7 +14,7 @@ import pytest
 from areal_watchdog.cli import main
 from areal_watchdog.common.errors import ConfigError
 from areal_watchdog.config.load import load_config
-from conftest import DEMO_CONFIG
+from conftest import DEMO_CONFIG, REPO
 
 GOOD = """\
 experiment_name: exp
@@ -21,6 +26,9 @@ ref:
 launch: {entrypoint: ENTRY, args: [--seed, 1]}
 watchdog: {stall_timeout: 30, on_hang: report}
 """
+
+
+SINK = "{type: webhook, url_env: HOOK_URL"  # the start of a sink entry, closed by each case
 
 
 @pytest.fixture
@@ -86,6 +94,13 @@ def test_override_of_unknown_key_says_how_to_add_it(config_file: Path) -> None:
         ("+launch.python=/no/such/python3", "launch.python", "not an executable Python"),
         ("launch=[1,2]", "launch", "must be a mapping"),
         ("+watchdog.startup_timeout=2026-11-22", "watchdog.startup_timeout", "must be a number"),
+        ("trial_name=a/b", "trial_name", "is not a name"),
+        ("+launch.slurm={partiton: gpu}", "launch.slurm.partiton", "did you mean partition?"),
+        (f"+watchdog.notify=[{SINK}, timout: 3}}]", "notify[0].timout", "did you mean timeout?"),
+        (f"+watchdog.notify=[{SINK}, url_evn: X}}]", "notify[0].url_evn", "did you mean url_env?"),
+        (f"+watchdog.notify=[{SINK}, timeout: .nan}}]", "notify[0].timeout", "finite number"),
+        (f"+watchdog.notify=[{SINK}, timeout: .inf}}]", "notify[0].timeout", "finite number"),
+        (f"+watchdog.notify=[{SINK}, max_attempts: 0}}]", "notify[0].max_attempts", "at least 1"),
     ],
 )
 def test_bad_values_name_key_and_file(
@@ -104,8 +119,11 @@ def test_bad_values_name_key_and_file(
     [
         (b"\x89PNG\r\n\x1a\n\x00\x00binary", "is not UTF-8 text"),
         ("latin: caf\xe9\n".encode("latin-1"), "is not UTF-8 text"),
-        (b"null: 1\nlaunch: {entrypoint: x.py}\n", "is not a valid config tree"),
+        (b"null: 1\nlaunch: {entrypoint: x.py}\n", "holds a key that is null"),
         (b"a: " + b"[" * 2000 + b"]" * 2000 + b"\n", "nested too deeply"),
+        (b"watchdog: {stall_timeout: 2026-11-22}\n", "`watchdog.stall_timeout`: is a date (2026"),
+        (b"x: {y: [1, !!binary aGVsbG8=]}\n", "`x.y[1]`: is a bytes"),
+        (b"watchdog: {debug_env: {null: 1}}\n", "`watchdog.debug_env`: holds a key that is null"),
     ],
 )
 def test_unreadable_configs_are_one_line_errors(
@@ -224,9 +242,73 @@ def test_dry_run_never_prints_a_secret_from_launch_env(
         ('config: {"api_key": "abcd1234efgh"}', '"api_key": "[REDACTED]"'),
         ("cloning with ghp_abcdefghijklmnopqrstuvwx0123 now", "cloning with [REDACTED] now"),
         ("Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.payload", "Authorization: [REDACTED]"),
+        ("pat github_pat_11ABCDEFG0123456789_abcdefghijk end", "pat [REDACTED] end"),
+        ("bot xoxb-1234567890-abcdefghijkl end", "bot [REDACTED] end"),
+        ("key sk-proj-abcdefghijklmnopqrstuvwx end", "key [REDACTED] end"),
+        ("id AKIAIOSFODNN7EXAMPLE end", "id [REDACTED] end"),
+        ("export MY_TOKEN=abcdef123456 done", "MY_TOKEN=[REDACTED] done"),
     ],
 )
 def test_secrets_in_free_text_are_scrubbed(line: str, kept: str) -> None:
     from areal_watchdog.common.redact import Redactor
 
     assert kept in Redactor().scrub(line)
+
+
+def test_optional_values_default_to_none_not_an_empty_string(config_file: Path) -> None:
+    config = load_config(config_file)
+    assert config.watchdog.gpu_recording is None and config.launch.config_arg == "--config"
+    assert load_config(config_file, ["+launch.config_arg=null"]).launch.config_arg is None
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv"),
+    reason="needs root and util-linux's setpriv to act as a second user",
+)
+def test_a_fileroot_another_user_cannot_write_is_one_line_for_that_user(tmp_path: Path) -> None:
+    """As root every folder is writable, so the check runs as nobody on a folder root owns."""
+    shared = Path(tempfile.mkdtemp(prefix="areal-fileroot-"))  # readable by nobody, unlike tmp_path
+    try:
+        shared.chmod(0o755)
+        (shared / "train.py").write_text("print('hi')\n")
+        (shared / "locked").mkdir(mode=0o755)
+        config = shared / "config.yaml"
+        runs = shared / "locked" / "runs"
+        config.write_text(f"cluster: {{fileroot: {runs}}}\nlaunch: {{entrypoint: train.py}}\n")
+        config.chmod(0o644)
+        result = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+             sys.executable, "-m", "areal_watchdog.cli", "local", str(config), "--dry-run"],
+            capture_output=True, text=True, timeout=60, cwd="/",
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(shared)
+    assert result.returncode == 2, result.stderr
+    assert f"`cluster.fileroot`: {shared / 'locked'} is not writable by this user" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("unshare"),
+    reason="needs root and unshare for a private read-only mount",
+)
+def test_a_read_only_fileroot_is_one_line_even_for_root(config_file: Path, tmp_path: Path) -> None:
+    """Root may write anywhere by permissions, not on a read-only mount (made in a private
+    mount namespace that ends with the command)."""
+    frozen = tmp_path / "frozen"
+    frozen.mkdir()
+    script = (
+        f"mount --bind {frozen} {frozen} && mount -o remount,bind,ro {frozen} && "
+        f"exec {sys.executable} -m areal_watchdog.cli local {config_file} "
+        f"cluster.fileroot={frozen}/runs --dry-run"
+    )
+    result = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    if "mount:" in result.stderr:
+        pytest.skip(f"no private mounts here: {result.stderr.strip()}")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"`cluster.fileroot`: {frozen} is not writable by this user" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

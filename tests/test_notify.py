@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,15 +18,17 @@ from areal_watchdog.common.redact import Redactor
 from areal_watchdog.config.load import load_config
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.evidence.model import BLOCKED, Evidence, Frame, RankEvidence, ThreadStack
-from areal_watchdog.notify.delivery import Spool, delivery_id, send
+from areal_watchdog.notify.delivery import GRACE, delivery_id, flush, send
 from areal_watchdog.notify.envelope import ENVELOPE_SCHEMA, verify
 from areal_watchdog.notify.notifier import Notifier, render
 from areal_watchdog.notify.sinks import SecretError, SinkSpec, parse_sinks, resolve
 from areal_watchdog.notify.slack import MAX_GROUPS_SHOWN, build_slack_message, check_limits
+from areal_watchdog.notify.spool import Spool
 from areal_watchdog.report.build import IncidentContext, build_report
 from areal_watchdog.report.sample import sample_report
+from areal_watchdog.rundir.layout import RunLayout
 from conftest import DEMO_CONFIG
-from receiver import Receiver
+from receiver import Receiver, Trickler
 
 SECRET = "s3cret-signing-key"
 
@@ -123,10 +124,10 @@ def test_receiver_down_then_up_is_spooled_then_delivered_once(tmp_path: Path, re
     spool = Spool(tmp_path / "spool")
     deadline = time.time() + 10
     while time.time() < deadline and (
-        "not sent yet" in json.dumps(spool.pending()) or not spool.pending()
+        "not sent yet" in json.dumps([e for e, _ in spool.pending()]) or not spool.pending()
     ):
         time.sleep(0.1)
-    assert len(spool.pending()) == 1 and "ConnectionError" in spool.pending()[0]["last_error"]
+    assert len(spool.pending()) == 1 and "ConnectionError" in spool.pending()[0][0]["last_error"]
     receiver = Receiver(SECRET, port=port)  # the receiver comes back
     try:
         deadline = time.time() + 10
@@ -136,7 +137,7 @@ def test_receiver_down_then_up_is_spooled_then_delivered_once(tmp_path: Path, re
         notifier.close(timeout=5)
         assert len(receiver.requests) == 1 and receiver.requests[0].verified
         assert spool.pending() == []
-        assert spool.flush(Redactor()) == (0, 0)
+        assert flush(spool, Redactor()) == (0, 0)
     finally:
         receiver.close()
 
@@ -154,7 +155,7 @@ def test_receiver_that_never_answers_does_not_block(
     while time.time() < deadline and len(receiver.requests) < 2:
         time.sleep(0.1)
     notifier.close(timeout=5)
-    (entry,) = Spool(tmp_path / "spool").pending()
+    ((entry, _),) = Spool(tmp_path / "spool").pending()
     assert "ReadTimeout" in entry["last_error"]
 
 
@@ -250,40 +251,89 @@ def test_notify_test_command_reports_each_sink(
     assert check_limits(slack) == [] and "TEST from areal-launch notify-test" in slack["text"]
 
 
+def post_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "areal-watchdog-post" and t.is_alive()]
+
+
+def wait_until(condition: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not condition():
+        time.sleep(0.05)
+    return condition()
+
+
 def test_a_trickling_receiver_cannot_hold_a_delivery_past_its_timeout(report: dict) -> None:
-    """Headers at once, then the body a byte a second: no single read times out, so only a
-    total deadline per attempt ends it (before: notify-test hung for the whole body)."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(4)
-    stop = threading.Event()
-
-    def trickle(conn: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
-            for byte in b"x" * 100:
-                if stop.wait(1.0):
-                    break
-                conn.send(bytes([byte]))
-        conn.close()
-
-    def serve() -> None:
-        with contextlib.suppress(OSError):
-            while not stop.is_set():
-                conn, _ = server.accept()
-                threading.Thread(target=trickle, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    url = f"http://127.0.0.1:{server.getsockname()[1]}/hook"
+    """One byte every 2 s, status line first: no single read times out, so only a total
+    deadline per attempt ends it (before: notify-test hung for the whole response)."""
+    trickler = Trickler(interval=2.0)
     try:
         started = time.monotonic()
-        outcome = deliver(webhook(url, timeout=3, max_attempts=2), report)
+        outcome = deliver(webhook(trickler.url(), timeout=3, max_attempts=2), report)
+        took = time.monotonic() - started
+        assert wait_until(lambda: trickler.hung_up == 2, 5), trickler.hung_up
+    finally:
+        trickler.close()
+    assert not outcome.delivered and "no complete answer within 3 s" in outcome.error
+    assert trickler.connections == 2
+    assert took < 2 * (3 + GRACE) + 1.5, took  # two attempts, each within its deadline
+    assert post_threads() == []  # the abandoned attempts' sockets were shut, not left reading
+
+
+def test_notify_test_command_ends_at_the_sinks_timeout_against_a_trickler(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trickler = Trickler(interval=2.0)
+    monkeypatch.setenv("TRICKLE_URL", trickler.url())
+    sink = "{type: webhook, name: slow, url_env: TRICKLE_URL, timeout: 3, max_attempts: 1}"
+    try:
+        started = time.monotonic()
+        code = main(["notify-test", str(DEMO_CONFIG), f"+watchdog.notify=[{sink}]"])
         took = time.monotonic() - started
     finally:
-        stop.set()
-        server.close()
-    assert not outcome.delivered and "no complete answer within 3 s" in outcome.error
-    assert took < 2 * (3 + 1) + 2, took  # two attempts, each within its deadline
+        trickler.close()
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert (
+        "slow (webhook): failed after 1 attempt(s): Timeout: no complete answer within 3 s" in out
+    )
+    assert took < 3 + GRACE + 1.5, took
+
+
+@pytest.fixture
+def tiny_job(tmp_path: Path) -> Path:
+    """A config whose job prints one line and ends: a launch costs only the launcher's time."""
+    (tmp_path / "train.py").write_text("print('tiny job done')\n")
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"experiment_name: notify\ntrial_name: t1\ncluster: {{fileroot: {tmp_path / 'root'}}}\n"
+        "launch: {entrypoint: train.py, nproc_per_node: 1}\n"
+    )
+    return config
+
+
+def spool_of(config: Path) -> Spool:
+    return Spool(RunLayout(load_config(config).run_dir).spool_dir)
+
+
+def test_the_spool_flush_before_a_launch_ends_at_the_sinks_timeout(
+    tiny_job: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trickler = Trickler(interval=2.0)
+    monkeypatch.setenv("TRICKLE_URL", trickler.url())
+    spec = parse_sinks(
+        [{"type": "webhook", "url_env": "TRICKLE_URL", "timeout": 2, "max_attempts": 1}], "c.yaml"
+    )[0]
+    spool_of(tiny_job).keep("msg_left_by_an_earlier_run", spec, b"{}", "ConnectionError")
+    try:
+        started = time.monotonic()
+        code = main(["local", str(tiny_job)])
+        took = time.monotonic() - started
+    finally:
+        trickler.close()
+    out = capfd.readouterr().out
+    assert code == 0 and "tiny job done" in out, out
+    assert "spooled notifications: 0 delivered, 1 still pending" in out
+    assert trickler.connections == 1 and took < 30, took  # the trickle alone lasts 80 s
 
 
 def test_a_damaged_spool_ledger_is_read_past(tmp_path: Path) -> None:
@@ -304,3 +354,73 @@ def test_a_whsec_secret_that_is_not_base64_is_a_clear_error(
     monkeypatch.setenv("TEST_HOOK_SECRET", "whsec_not*base64!")
     with pytest.raises(SecretError, match="whsec_ secret must be base64"):
         resolve(spec)
+
+
+DAMAGED_LEDGER = b'{"id": "msg_a", "time": 1}\n\xff\xfe junk\n[1, 2]\n{"id": "msg_c", "ti'
+
+
+def test_a_damaged_ledger_and_spool_entry_do_not_stop_a_launch(
+    tiny_job: Path, receiver: Receiver, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A truncated last line, junk bytes and a spool entry that is not ours: the launch's spool
+    flush delivers what it can, warns once about each file, and the job runs."""
+    spool = spool_of(tiny_job)
+    spool.keep("msg_pending", webhook(receiver.url()), b'{"x": 1}', "ConnectionError")
+    spool.delivered_log.write_bytes(DAMAGED_LEDGER)
+    (spool.directory / "msg_broken.json").write_text('["not", "an", "entry"]')
+    code = main(["local", str(tiny_job)])
+    out = capfd.readouterr().out
+    assert code == 0 and "tiny job done" in out, out
+    assert out.count("damaged line(s) skipped") == 1 and "3 damaged line(s)" in out
+    assert out.count("msg_broken.json is damaged: skipped") == 1
+    assert "spooled notifications: 1 delivered, 0 still pending" in out
+    assert (
+        len(receiver.requests) == 1 and receiver.requests[0].headers["webhook-id"] == "msg_pending"
+    )
+    assert {"msg_a", "msg_pending"} <= Spool(spool.directory).delivered_ids()
+
+
+def test_the_notifier_thread_survives_a_damaged_ledger_and_its_own_errors(
+    tmp_path: Path, receiver: Receiver, report: dict
+) -> None:
+    said: list[str] = []
+    spool_dir = tmp_path / "spool"
+    spool_dir.mkdir()
+    (spool_dir / "delivered.jsonl").write_bytes(DAMAGED_LEDGER)
+    notifier = Notifier(
+        [webhook(receiver.url())], spool_dir, Redactor(), lambda m: None, say=said.append
+    )
+    try:
+        notifier.submit({"incident_id": "broken"})  # rendering this one fails inside the thread
+        notifier.submit(report)
+        assert wait_until(lambda: len(receiver.requests) == 1, 10), said
+        second = {**report, "incident_id": report["incident_id"] + "-2"}
+        notifier.submit(second)
+        assert wait_until(lambda: len(receiver.requests) == 2, 10), said
+        assert notifier.thread.is_alive()
+    finally:
+        notifier.close(timeout=5)
+    assert sum("damaged line(s) skipped" in m for m in said) == 1, said
+    assert any(m.startswith("notifier error (KeyError") and "still running" in m for m in said)
+
+
+@pytest.mark.parametrize(
+    ("status", "words"),
+    [(500, "failed after 1 attempt(s)"), (400, "refused by the receiver (HTTP 400: go away")],
+)
+def test_a_sink_that_gives_up_is_said_with_the_spool_path(
+    tmp_path: Path, receiver: Receiver, report: dict, status: int, words: str
+) -> None:
+    said: list[str] = []
+    receiver.script = [(status, {}, 0.0)]
+    spec = webhook(receiver.url(), max_attempts=1)
+    notifier = Notifier([spec], tmp_path / "spool", Redactor(), lambda m: None, say=said.append)
+    notifier.submit(report)
+    notifier.close(timeout=10)
+    (line,) = said
+    assert f"notification to {spec.name}" in line and words in line, line
+    if status == 500:
+        assert f"kept in {tmp_path / 'spool'}" in line
+        assert len(Spool(tmp_path / "spool").pending()) == 1
+    else:
+        assert Spool(tmp_path / "spool").pending() == []

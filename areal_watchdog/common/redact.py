@@ -20,12 +20,18 @@ SECRET_NAME = re.compile(
     r"TOKEN|SECRET|KEY|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|WEBHOOK",
     re.I,
 )
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@")
+# Every pattern below reads each character a bounded number of times (possessive quantifiers,
+# a match that always consumes its run): a 10 MB log line must not pin the sidecar.
+_URL_CREDENTIALS = re.compile(
+    r"(?<![a-zA-Z0-9+.-])(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*+://)[^/\s:@]++:[^/\s@]++@"
+)
 _SLACK_HOOK = re.compile(r"https://hooks\.slack\.com/services/[A-Za-z0-9/_-]+")
+# A secret-looking word, the rest of its name, then (optionally) ``=``/``:`` and the value. The
+# value part is optional so that a name without one still consumes its run of characters.
 _SECRET_PAIR = re.compile(
-    r"(?i)(?P<name>\b[\w.-]*(?:password|passwd|passphrase|secret|token|api[_-]?key|"
-    r"access[_-]?key|private[_-]?key|credentials?)[\w.-]*)(?P<sep>[\"']?\s*[=:]\s*[\"']?)"
-    r"(?P<value>[^\s\"',;&]{4,})"
+    r"(?i)(?:password|passwd|passphrase|secret|token|api[_-]?key|access[_-]?key|"
+    r"private[_-]?key|credential)[\w.-]*+"
+    r"(?:(?P<sep>[\"']?\s*+[=:]\s*+[\"']?)(?P<value>[^\s\"',;&]{4,}+))?"
 )
 _TOKENS = re.compile(
     r"\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}|\bgithub_pat_[A-Za-z0-9_]{20,}|"
@@ -62,7 +68,7 @@ class Redactor:
         text = _URL_CREDENTIALS.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
         text = _SLACK_HOOK.sub(f"https://hooks.slack.com/services/{REDACTED}", text)
         text = _TOKENS.sub(REDACTED, text)
-        return _SECRET_PAIR.sub(lambda m: f"{m['name']}{m['sep']}{REDACTED}", text)
+        return _SECRET_PAIR.sub(_redact_pair, text)
 
     def scrub_tree(self, data: Any) -> Any:
         """Scrub every string inside nested dicts and lists."""
@@ -73,3 +79,10 @@ class Redactor:
         if isinstance(data, (list, tuple)):
             return [self.scrub_tree(v) for v in data]
         return data
+
+
+def _redact_pair(match: re.Match[str]) -> str:
+    """``password=hunter2`` -> ``password=[REDACTED]``; a bare word stays as it was."""
+    if match["value"] is None:
+        return match[0]
+    return match[0][: match.start("value") - match.start()] + REDACTED

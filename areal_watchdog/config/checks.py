@@ -8,9 +8,16 @@ from __future__ import annotations
 import difflib
 import math
 import os
+from dataclasses import MISSING, fields
 from typing import Any
 
 from areal_watchdog.common.errors import ConfigError
+
+
+def default(section: type, name: str) -> Any:
+    """A field's default, as declared once on its dataclass."""
+    spec = next(f for f in fields(section) if f.name == name)
+    return spec.default_factory() if spec.default is MISSING else spec.default  # type: ignore[misc]
 
 
 class Checker:

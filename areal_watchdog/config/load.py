@@ -54,11 +54,36 @@ def _read_yaml(source: str) -> Any:
         raise ConfigError(source, "<yaml>", f"YAML syntax error at {where}: {problem}.") from None
     if not isinstance(data, dict):
         raise ConfigError(source, "<root>", "the file must hold a mapping of keys")
+    _check_plain(source, data)
     try:
         return OmegaConf.create(data)
     except (OmegaConfBaseException, ValueError, TypeError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(source, "<yaml>", f"is not a valid config tree: {message}") from None
+
+
+_PLAIN = (str, int, float, bool, list, dict, type(None))
+
+
+def _check_plain(source: str, data: dict[str, Any]) -> None:
+    """Name the first key that is null or holds a value YAML typed beyond plain data (a date,
+    ``!!binary``, ``!!set``): OmegaConf would refuse it without saying where."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, node = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            where = f"{path}[{key}]" if isinstance(node, list) else f"{path}.{key}".lstrip(".")
+            if key is None:
+                raise ConfigError(source, path or "<root>", "holds a key that is null: name it")
+            if not isinstance(value, _PLAIN):
+                raise ConfigError(
+                    source,
+                    where,
+                    f"is a {type(value).__name__} ({value}): quote it if you mean text",
+                )
+            if isinstance(value, (dict, list)):
+                stack.append((where, value))
 
 
 def _apply_override(tree: Any, item: str, source: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 # AReaL's step line is ``... Epoch 1/1 Step 3/233 Train step 3/233 done.``: the last match on a
 # line wins, so the global "Train step" beats the epoch-local "Step".
@@ -39,7 +39,8 @@ SLURM_KEYS = {
     "job_name": str,
     "template_dir": str,
 }
-ON_HANG_ACTIONS = ("report", "cancel")
+OnHang = Literal["report", "cancel"]  # what the watchdog does about a hang (report.json's action)
+ON_HANG_ACTIONS: tuple[str, ...] = get_args(OnHang)
 STACK_METHODS = ("auto", "py-spy", "faulthandler")
 GPU_BACKENDS = ("auto", "nvml", "nvidia-smi", "recorded", "none")
 
@@ -68,7 +69,7 @@ class WatchdogSection:
     poll_interval: float = 1.0
     step_regex: str = DEFAULT_STEP_REGEX
     log_files: list[str] = field(default_factory=list)
-    on_hang: str = "report"
+    on_hang: OnHang = "report"
     auto_factor: float = 5.0
     auto_min_timeout: float = 60.0
     dump_timeout: float = 5.0

@@ -6,13 +6,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
 import regex
 
-from areal_watchdog.config.checks import Checker
+from areal_watchdog.config.checks import Checker, default
 from areal_watchdog.config.debug_env import DEFAULT_DEBUG_ENV
 from areal_watchdog.config.model import (
     DEFAULT_EXPERIMENT,
@@ -54,12 +53,6 @@ SECONDS = {
     "spool_retry_interval": 0.1,
 }
 GPU_NUMBERS = {"idle_utilization": 0.0, "spin_power_fraction": 0.0, "idle_timeout": 0.1}
-
-
-def default(section: type, name: str) -> Any:
-    """A field's default, as declared once in ``model``."""
-    spec = next(f for f in fields(section) if f.name == name)
-    return spec.default_factory() if spec.default is MISSING else spec.default  # type: ignore[misc]
 
 
 def validate(source: str, raw: dict[str, Any]) -> JobConfig:
@@ -239,7 +232,9 @@ def _trajectory(check: Checker, tree: dict[str, Any]) -> dict[str, Any]:
     check.known_keys(tree, "watchdog.trajectory", TRAJECTORY_KEYS)
     dump_steps = tree.get("dump_steps")
     return {
-        "trajectory_dump": check.boolean(tree, "watchdog.trajectory.enabled", default=True),
+        "trajectory_dump": check.boolean(
+            tree, "watchdog.trajectory.enabled", default(WatchdogSection, "trajectory_dump")
+        ),
         "trajectory_max_keep": check.integer(
             tree, "watchdog.trajectory.max_keep", default(WatchdogSection, "trajectory_max_keep"), 0
         ),

@@ -8,22 +8,24 @@ receivers deduplicate, and delivered ids are remembered so nothing is sent twice
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import json
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import requests
+from requests.adapters import HTTPAdapter
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-from areal_watchdog.common.atomic import open_append, read_json, write_json_atomic
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.notify.envelope import signature_headers
 from areal_watchdog.notify.sinks import ResolvedSink, SecretError, SinkSpec, resolve
+from areal_watchdog.notify.spool import Spool
 
 MAX_RETRY_AFTER = 120.0  # seconds: a longer Retry-After goes to the spool instead
 MAX_BACKOFF = 30.0
@@ -132,8 +134,8 @@ GRACE = 1.0  # seconds past a sink's timeout before an attempt is abandoned
 def _post_within(timeout: float, url: str, body: bytes, headers: dict[str, str]) -> Any:
     """POST with ``timeout`` as a total deadline: requests' own timeout is per read, so a
     receiver that trickles one byte at a time would hold it forever. On the deadline the
-    connection is closed under the worker thread, which then ends too."""
-    session = requests.Session()
+    attempt's sockets are shut under the worker thread, which then ends too."""
+    session, opened = _tracking_session()
     result: dict[str, Any] = {}
 
     def attempt() -> None:
@@ -148,11 +150,17 @@ def _post_within(timeout: float, url: str, body: bytes, headers: dict[str, str])
     worker = threading.Thread(target=attempt, name="areal-watchdog-post", daemon=True)
     worker.start()
     worker.join(timeout + GRACE)  # requests' own timeouts, with better messages, come first
+    late = worker.is_alive()
+    if late:
+        for conn in opened:
+            with contextlib.suppress(OSError, AttributeError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
+        worker.join(GRACE)
     session.close()
-    if worker.is_alive():
+    if late:
         raise requests.Timeout(f"no complete answer within {timeout:g} s")
-    if "error" in result:
-        error = result["error"]
+    error = result.get("error")
+    if error is not None:
         raise (
             error
             if isinstance(error, requests.RequestException)
@@ -161,17 +169,29 @@ def _post_within(timeout: float, url: str, body: bytes, headers: dict[str, str])
     return result["response"]
 
 
-def _ends_a_line(path: Path) -> bool:
-    """True when ``path`` is missing, empty or ends with a newline."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, 2)
-            if fh.tell() == 0:
-                return True
-            fh.seek(-1, 2)
-            return fh.read(1) == b"\n"
-    except OSError:
-        return True
+def _tracking_session() -> tuple[requests.Session, list[Any]]:
+    """A session whose pools remember every connection they open (to shut them on a deadline).
+    Proxied requests go through requests' proxy manager and are only abandoned, not shut."""
+    opened: list[Any] = []
+
+    def tracking(base: type) -> type:
+        class Pool(base):  # type: ignore[misc, valid-type]
+            def _new_conn(self) -> Any:
+                conn = super()._new_conn()
+                opened.append(conn)
+                return conn
+
+        return Pool
+
+    adapter = HTTPAdapter(max_retries=0)
+    adapter.poolmanager.pool_classes_by_scheme = {
+        "http": tracking(HTTPConnectionPool),
+        "https": tracking(HTTPSConnectionPool),
+    }
+    session = requests.Session()
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session, opened
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -183,105 +203,54 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
-class Spool:
-    """Failed deliveries kept in ``<run_dir>/watchdog/spool`` until a later attempt succeeds."""
+def deliver(
+    sink: ResolvedSink, body: bytes, message_id: str, redactor: Redactor, spool: Spool
+) -> Outcome:
+    """Send one message and record the outcome: delivered ids go to the ledger, retryable
+    failures stay spooled, refusals are dropped. Written ahead to the spool, so a process that
+    dies mid-send leaves it for the next one; a full disk only loses that insurance."""
+    with contextlib.suppress(OSError):
+        if not spool.holds(message_id):
+            spool.keep(message_id, sink.spec, body, "not sent yet")
+    outcome = send(sink, body, message_id, redactor)
+    with contextlib.suppress(OSError):
+        if outcome.delivered:
+            spool.mark_delivered(message_id)
+        elif outcome.retryable:
+            spool.keep(message_id, sink.spec, body, outcome.error)
+        else:
+            spool.drop(message_id)
+    return outcome
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.delivered_log = directory / "delivered.jsonl"
-        self.lock = threading.Lock()
 
-    def delivered_ids(self) -> set[str]:
+def flush(
+    spool: Spool,
+    redactor: Redactor,
+    log: Callable[[str], None] = lambda _m: None,
+    env: dict[str, str] | None = None,
+    say: Callable[[str], None] | None = None,
+) -> tuple[int, int]:
+    """Retry every spooled delivery once (with its own retries); return (sent, left). Final
+    outcomes (delivered, refused) go to ``say`` (default: ``log``), the rest to ``log``."""
+    say = say or log
+    done = spool.delivered_ids()
+    sent = left = 0
+    for entry, spec in spool.pending():
+        message_id = entry["id"]
+        if message_id in done:  # delivered, then the process died before tidying up
+            with contextlib.suppress(OSError):
+                spool.mark_delivered(message_id)
+            continue
         try:
-            lines = self.delivered_log.read_text(encoding="utf-8").splitlines()
-        except OSError:
-            return set()
-        ids = set()
-        for line in lines:
-            try:
-                ids.add(json.loads(line)["id"])
-            except (ValueError, KeyError, TypeError):
-                continue  # a line cut short by a crash or a full disk: the rest still counts
-        return ids
-
-    def mark_delivered(self, message_id: str) -> None:
-        with self.lock:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            line = json.dumps({"id": message_id, "time": time.time()}) + "\n"
-            if not _ends_a_line(self.delivered_log):
-                line = "\n" + line  # after a line cut short, start a fresh one
-            with open_append(self.delivered_log) as fh:
-                fh.write(line)
-            (self.directory / f"{message_id}.json").unlink(missing_ok=True)
-
-    def drop(self, message_id: str) -> None:
-        """Forget a delivery the receiver refused for good (a 4xx other than 408/429)."""
-        (self.directory / f"{message_id}.json").unlink(missing_ok=True)
-
-    def keep(self, message_id: str, spec: SinkSpec, body: bytes, error: str) -> None:
-        """Store a failed delivery: the sink's secret-free spec and the (scrubbed) body."""
-        with self.lock:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            path = self.directory / f"{message_id}.json"
-            previous = read_json(path) or {}
-            write_json_atomic(
-                path,
-                {
-                    "id": message_id,
-                    "sink": spec.to_dict(),
-                    "body": body.decode("utf-8"),
-                    "created": previous.get("created", time.time()),
-                    "last_error": error,
-                    "tries": int(previous.get("tries", 0)) + 1,
-                },
-                fsync=True,
-            )
-
-    def pending(self) -> list[dict[str, Any]]:
-        if not self.directory.is_dir():
-            return []
-        entries = []
-        for path in sorted(self.directory.glob("msg_*.json")):
-            entry = read_json(path)
-            if isinstance(entry, dict) and "body" in entry:
-                entries.append(entry)
-        return entries
-
-    def flush(
-        self,
-        redactor: Redactor,
-        env: dict[str, str] | None = None,
-        log: Callable[[str], None] = lambda _m: None,
-    ) -> tuple[int, int]:
-        """Retry every pending delivery once (with its own retries); return (sent, left)."""
-        done = self.delivered_ids()
-        sent = left = 0
-        for entry in self.pending():
-            message_id = entry["id"]
-            if message_id in done:
-                self.mark_delivered(message_id)
-                continue
-            spec = SinkSpec.from_dict(entry["sink"])
-            try:
-                sink = resolve(spec, env)
-            except SecretError as exc:
-                log(f"spool: {exc}")
-                left += 1
-                continue
-            outcome = send(
-                sink,
-                entry["body"].encode("utf-8"),
-                message_id,
-                redactor.with_values(sink.secret_values()),
-            )
-            if outcome.delivered:
-                self.mark_delivered(message_id)
-                sent += 1
-                log(f"spool: {message_id} to {spec.name} {outcome.describe()}")
-            elif not outcome.retryable:
-                self.drop(message_id)
-                log(f"spool: {message_id} to {spec.name} dropped: {outcome.error}")
-            else:
-                self.keep(message_id, spec, entry["body"].encode("utf-8"), outcome.error)
-                left += 1
-        return sent, left
+            sink = resolve(spec, env)
+        except SecretError as exc:
+            log(f"spool: {exc}")
+            left += 1
+            continue
+        body = entry["body"].encode("utf-8")
+        outcome = deliver(sink, body, message_id, redactor.with_values(sink.secret_values()), spool)
+        sent += outcome.delivered
+        left += not outcome.delivered and outcome.retryable
+        if outcome.delivered or not outcome.retryable:
+            say(f"spooled notification to {spec.name}: {outcome.describe()}")
+    return sent, left

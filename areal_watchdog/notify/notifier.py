@@ -4,7 +4,6 @@ detection or evidence gathering; what cannot be delivered goes to the spool.
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 import time
@@ -13,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from areal_watchdog.common.redact import Redactor
-from areal_watchdog.notify.delivery import Spool, delivery_id, send
+from areal_watchdog.notify.delivery import deliver, delivery_id, flush
 from areal_watchdog.notify.envelope import build_envelope, encode
 from areal_watchdog.notify.sinks import ResolvedSink, SecretError, SinkSpec, resolve
 from areal_watchdog.notify.slack import build_slack_message
+from areal_watchdog.notify.spool import Spool
 
 
 def render(sink: SinkSpec, report: dict[str, Any]) -> bytes:
@@ -62,7 +62,7 @@ class Notifier:
     ) -> None:
         self.specs = specs
         self.say = say or log  # failures are said where the user looks, not only logged
-        self.spool = Spool(spool_dir)
+        self.spool = Spool(spool_dir, warn=self.say)
         self.redactor = redactor.with_values(secret_values(specs))
         self.log = log
         self.spool_retry_interval = spool_retry_interval
@@ -95,16 +95,24 @@ class Notifier:
             try:
                 report = self.queue.get(timeout=wait)
             except queue.Empty:
-                self._flush_spool()
+                self._guarded(self._flush_spool)
                 continue
             if report is None:
                 return
-            self._deliver(report)
+            self._guarded(self._deliver, report)
+
+    def _guarded(self, work: Callable[..., None], *args: Any) -> None:
+        """Run one piece of work; an error is said and the thread keeps serving (a dead
+        notifier thread would lose every later report without a word)."""
+        try:
+            work(*args)
+        except Exception as exc:  # noqa: BLE001 - said, then the next report is served
+            self.say(f"notifier error ({type(exc).__name__}: {exc}); still running")
 
     def _flush_spool(self) -> None:
         self.last_flush = time.monotonic()
         if self.spool.pending():
-            self.spool.flush(self.redactor, log=self.log)
+            flush(self.spool, self.redactor, log=self.log, say=self.say)
 
     def _deliver(self, report: dict[str, Any]) -> None:
         done = self.spool.delivered_ids()
@@ -113,30 +121,25 @@ class Notifier:
             if message_id in done:
                 continue
             body = render(sink.spec, report)
-            # Write-ahead: if this process dies mid-send, the next one still delivers it. A full
-            # disk only loses that insurance: the message is sent all the same.
-            with contextlib.suppress(OSError):
-                self.spool.keep(message_id, sink.spec, body, "not sent yet")
-            outcome = send(sink, body, message_id, self.redactor)
+            outcome = deliver(sink, body, message_id, self.redactor, self.spool)
             self.log(f"notify {sink.spec.name}: {outcome.describe()}")
             if outcome.delivered:
-                with contextlib.suppress(OSError):
-                    self.spool.mark_delivered(message_id)
-            elif outcome.retryable:
-                with contextlib.suppress(OSError):
-                    self.spool.keep(message_id, sink.spec, body, outcome.error)
+                continue
+            if outcome.retryable:
                 self.say(
                     f"notification to {sink.spec.name} failed ({outcome.describe()}); kept in "
                     f"{self.spool.directory} and retried every {self.spool_retry_interval:g} s"
                 )
             else:
-                self.spool.drop(message_id)
-                self.say(f"notification to {sink.spec.name} refused: {outcome.describe()}")
+                self.say(
+                    f"notification to {sink.spec.name} refused by the receiver "
+                    f"({outcome.error}); not retried"
+                )
 
 
 def deliver_spooled(spool_dir: Path, log: Callable[[str], None]) -> tuple[int, int]:
     """Retry a run's spooled notifications now (any ``areal-launch`` command touching the run)."""
-    spool = Spool(spool_dir)
+    spool = Spool(spool_dir, warn=log)
     if not spool.pending():
         return 0, 0
-    return spool.flush(Redactor.from_environment(), log=log)
+    return flush(spool, Redactor.from_environment(), log=log)

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from areal_watchdog.common.errors import ConfigError
+from areal_watchdog.config.checks import Checker, default
 from areal_watchdog.notify.envelope import secret_key
 
 SINK_TYPES = ("slack", "webhook")
@@ -59,65 +59,62 @@ class ResolvedSink:
         return [v for v in (self.url, parts.path, parts.query, self.secret) if v and v != "/"]
 
 
+MAX_ATTEMPTS = 100
+
+
 def parse_sinks(items: list[dict[str, Any]], source: str) -> list[SinkSpec]:
     """Validate ``watchdog.notify``; raise ConfigError naming the entry and key."""
-    specs = []
-    for index, item in enumerate(items):
-        where = f"watchdog.notify[{index}]"
-        kind = item.get("type")
-        if kind not in SINK_TYPES:
-            raise ConfigError(
-                source, f"{where}.type", f"must be one of {', '.join(SINK_TYPES)}; got {kind!r}"
-            )
-        sources: dict[str, dict[str, str]] = {}
-        for field in _SECRET_FIELDS[kind]:
-            if field in item:
-                raise ConfigError(
-                    source,
-                    f"{where}.{field}",
-                    f"secrets never sit in the config: "
-                    f"use {field}_env (a variable name) or {field}_file (a path)",
-                )
-            env, path = item.get(f"{field}_env"), item.get(f"{field}_file")
-            if env and path:
-                raise ConfigError(
-                    source, f"{where}.{field}_env", f"give {field}_env or {field}_file, not both"
-                )
-            if env:
-                sources[field] = {"env": str(env)}
-            elif path:
-                sources[field] = {"file": os.path.expanduser(str(path))}
-            elif field in _REQUIRED[kind]:
-                raise ConfigError(
-                    source,
-                    f"{where}.{field}_env",
-                    f"is missing: name the variable "
-                    f"(or {field}_file) that holds the {field.replace('_', ' ')}",
-                )
-        name = str(item.get("name") or f"{kind}-{index}")
-        try:
-            spec = SinkSpec(
-                kind,
-                name,
-                sources,
-                float(item.get("timeout", 10.0)),
-                int(item.get("max_attempts", 5)),
-                float(item.get("backoff", 1.0)),
-            )
-        except (TypeError, ValueError):
-            raise ConfigError(
-                source, where, "timeout, max_attempts and backoff must be numbers"
-            ) from None
-        if spec.timeout <= 0 or spec.max_attempts < 1 or spec.backoff < 0:
-            raise ConfigError(
-                source,
-                where,
-                "timeout must be positive, max_attempts at least 1, backoff not negative",
-            )
-        specs.append(spec)
+    check = Checker(source)
+    specs = [_parse_sink(check, item, f"watchdog.notify[{i}]", i) for i, item in enumerate(items)]
     if len({s.name for s in specs}) != len(specs):
-        raise ConfigError(source, "watchdog.notify", "sink names must be unique")
+        raise check.fail("watchdog.notify", "sink names must be unique")
     return specs
+
+
+def _parse_sink(check: Checker, item: dict[str, Any], where: str, index: int) -> SinkSpec:
+    kind = item.get("type")
+    if kind not in SINK_TYPES:
+        raise check.fail(f"{where}.type", f"must be one of {', '.join(SINK_TYPES)}; got {kind!r}")
+    for field in _SECRET_FIELDS[kind]:
+        if field in item:
+            raise check.fail(
+                f"{where}.{field}",
+                f"secrets never sit in the config: "
+                f"use {field}_env (a variable name) or {field}_file (a path)",
+            )
+    known = {"type", "name", "timeout", "max_attempts", "backoff"}
+    known |= {f"{f}_{how}" for f in _SECRET_FIELDS[kind] for how in ("env", "file")}
+    check.known_keys(item, where, known)
+    return SinkSpec(
+        kind,
+        check.text(item, f"{where}.name", default=f"{kind}-{index}") or f"{kind}-{index}",
+        _sources(check, item, where, kind),
+        check.number(item, f"{where}.timeout", default(SinkSpec, "timeout"), minimum=1e-9),
+        check.integer(
+            item, f"{where}.max_attempts", default(SinkSpec, "max_attempts"), 1, MAX_ATTEMPTS
+        ),
+        check.number(item, f"{where}.backoff", default(SinkSpec, "backoff"), minimum=0.0),
+    )
+
+
+def _sources(check: Checker, item: dict[str, Any], where: str, kind: str) -> dict[str, dict]:
+    """Where each secret field is read from: ``{field: {"env": NAME} | {"file": PATH}}``."""
+    sources: dict[str, dict[str, str]] = {}
+    for field in _SECRET_FIELDS[kind]:
+        env, path = item.get(f"{field}_env"), item.get(f"{field}_file")
+        if env and path:
+            raise check.fail(f"{where}.{field}_env", f"give {field}_env or {field}_file, not both")
+        if env:
+            sources[field] = {"env": str(env)}
+        elif path:
+            sources[field] = {"file": os.path.expanduser(str(path))}
+        elif field in _REQUIRED[kind]:
+            raise check.fail(
+                f"{where}.{field}_env",
+                f"is missing: name the variable "
+                f"(or {field}_file) that holds the {field.replace('_', ' ')}",
+            )
+    return sources
 
 
 class SecretError(Exception):

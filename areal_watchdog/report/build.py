@@ -16,8 +16,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from areal_watchdog.config.model import OnHang
 from areal_watchdog.diagnose.classify import Verdict, work_thread
 from areal_watchdog.evidence.model import EXITED, Evidence, RankEvidence
+from areal_watchdog.watch.triggers import Trigger
 
 SCHEMA_VERSION = 2
 SERVER_FIELDS = ("address", "state", "health_s", "running", "queued", "gen_throughput", "paused")
@@ -40,8 +42,8 @@ class IncidentContext:
     last_progress_at: float | None = None
     threshold_s: float | None = None
     last_step: int | None = None
-    trigger: str = "stall"  # stall | job_failed | rank_exited | node_lost
-    action: str = "report"  # report | cancel
+    trigger: Trigger | str = Trigger.STALL  # a Trigger or its value; anything else is refused
+    action: OnHang = "report"
     trajectory: dict[str, Any] | None = None
     timings: dict[str, float] = field(default_factory=dict)  # seconds spent per phase
 
@@ -74,7 +76,7 @@ def build_report(
         "culprit_workers": verdict.culprit_workers,
         "cause": verdict.cause,
         "summary": verdict.summary,
-        "trigger": ctx.trigger,
+        "trigger": Trigger(ctx.trigger).value,
         "action": ctx.action,
         "detected_at": iso(ctx.detected_at),
         "last_progress_at": iso(ctx.last_progress_at),

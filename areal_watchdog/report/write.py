@@ -4,6 +4,7 @@ everything written (the report handed in is scrubbed already)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,21 +19,41 @@ def write_incident(
 ) -> Path:
     """Write the incident directory; the report goes last so its presence means "complete"."""
     incident_dir = run_dir / "incidents" / report["incident_id"]
-    (incident_dir / "stacks").mkdir(parents=True, exist_ok=True)
-    (incident_dir / "logs").mkdir(exist_ok=True)
+    dir_mode, file_mode = _modes(run_dir)
+    for path in (incident_dir.parent, incident_dir, incident_dir / "stacks", incident_dir / "logs"):
+        path.mkdir(mode=dir_mode, exist_ok=True)
+        _chmod_dir(path, dir_mode)
     clean_evidence = redactor.scrub_tree(evidence.to_dict())
-    write_json_atomic(incident_dir / "evidence.json", clean_evidence)
+    write_json_atomic(incident_dir / "evidence.json", clean_evidence, mode=file_mode)
     for rank in evidence.ranks:
         stacks = redactor.scrub(_stack_text(rank))
-        write_text_atomic(incident_dir / "stacks" / f"rank_{rank.rank}.txt", stacks)
+        write_text_atomic(incident_dir / "stacks" / f"rank_{rank.rank}.txt", stacks, mode=file_mode)
         tail = rank.log_tail or ""
         if rank.exit is not None and rank.exit.traceback:
             tail = f"{tail}\n--- traceback ---\n{rank.exit.traceback}"
         if tail.strip():
-            write_text_atomic(incident_dir / "logs" / f"rank_{rank.rank}.txt", redactor.scrub(tail))
-    write_text_atomic(incident_dir / "report.md", render_markdown(report))
-    write_json_atomic(incident_dir / "report.json", report, fsync=True)
+            log_path = incident_dir / "logs" / f"rank_{rank.rank}.txt"
+            write_text_atomic(log_path, redactor.scrub(tail), mode=file_mode)
+    write_text_atomic(incident_dir / "report.md", render_markdown(report), mode=file_mode)
+    write_json_atomic(incident_dir / "report.json", report, fsync=True, mode=file_mode)
     return incident_dir
+
+
+def _modes(run_dir: Path) -> tuple[int, int]:
+    """(directory, file) modes: 0700/0600, or 0750/0640 when the run directory lets its group
+    read (``launch.run_dir_mode``); never readable by others, since log tails hold whatever the
+    job printed."""
+    shared = run_dir.stat().st_mode & 0o040
+    return (0o750, 0o640) if shared else (0o700, 0o600)
+
+
+def _chmod_dir(path: Path, mode: int) -> None:
+    """``chmod`` through a descriptor (whatever the umask), refusing a planted symlink."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def _stack_text(rank: RankEvidence) -> str:
