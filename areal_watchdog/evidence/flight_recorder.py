@@ -23,7 +23,6 @@ import io
 import json
 import os
 import pickle
-import stat
 import sys
 import threading
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_watchdog.common.atomic import read_json, write_text_atomic
+from areal_watchdog.common.fifo import write_fifo
 from areal_watchdog.rundir.layout import RunLayout
 
 ENV_FLIGHT_RECORDER = "AREAL_WATCHDOG_FLIGHT_RECORDER"  # "1": ranks start the listener
@@ -113,7 +113,7 @@ def collect(layout: RunLayout, ranks: list[int], timeout: float) -> dict[int, di
     request = f"{os.getpid()}-{time.time_ns()}"
     asked_nccl: set[int] = set()
     for rank in ranks:
-        if not _write_fifo(trigger_path(layout, rank), request) and _write_fifo(
+        if not write_fifo(trigger_path(layout, rank), request) and write_fifo(
             nccl_pipe(layout, rank), "1"
         ):
             asked_nccl.add(rank)
@@ -132,23 +132,6 @@ def collect(layout: RunLayout, ranks: list[int], timeout: float) -> dict[int, di
                 traces[rank] = strip(trace)
         time.sleep(0.005)
     return traces
-
-
-def _write_fifo(path: Path, message: str) -> bool:
-    """Write to a FIFO only if someone listens (a non-blocking open fails otherwise)."""
-    try:
-        if not stat.S_ISFIFO(os.stat(path).st_mode):
-            return False
-        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: nobody listens
-    except OSError:
-        return False
-    try:
-        os.write(fd, f"{message}\n".encode())
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    return True
 
 
 def _listener_trace(layout: RunLayout, rank: int, request: str) -> dict[str, Any] | None:
