@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Create (or refresh) the project's virtual environment in .venv with everything the demo and the
 # tests need. Idempotent: a second run installs nothing new.
+#
+#   bash scripts/setup.sh           # areal-watchdog and its test tools
+#   bash scripts/setup.sh --areal   # also the real AReaL package (the AReaL tests and demo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${AREAL_WATCHDOG_VENV:-.venv}"
 PYTHON="${PYTHON:-python3}"
+AREAL_VERSION=1.0.4
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating $VENV with $($PYTHON --version)"
   "$PYTHON" -m venv "$VENV"
@@ -17,3 +21,11 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
 fi
 echo "[setup] installing areal-watchdog and its test tools"
 "${PIP[@]}" -e ".[test]"
+if [ "${1:-}" = "--areal" ] \
+  && ! "$VENV/bin/python" -c "import areal, math_verify, peft, torchdata" >/dev/null 2>&1; then
+  # AReaL pins torch<2.11, which is not to be had here: areal and the packages that would pull
+  # another torch come without their dependencies (requirements-areal.txt says why).
+  echo "[setup] installing AReaL $AREAL_VERSION (--no-deps) and its pure-Python dependencies"
+  "${PIP[@]}" -r requirements-areal.txt
+  "${PIP[@]}" --no-deps "areal==$AREAL_VERSION" "peft==0.18.1" "torchdata==0.11.0"
+fi

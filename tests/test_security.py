@@ -22,7 +22,9 @@ import pytest
 
 from areal_watchdog.cli import main
 from areal_watchdog.common.atomic import write_json_atomic
-from areal_watchdog.evidence.discovery import discover
+from areal_watchdog.config.model import WatchdogSection
+from areal_watchdog.evidence.discovery import Scope, discover
+from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.watch.progress import default_log_patterns
 from conftest import DEMO_CONFIG, FAST, Launcher, read_reports
@@ -119,7 +121,7 @@ def test_a_forged_record_never_gets_another_process_signalled(tmp_path: Path) ->
             record = {"run_id": "r1", "rank": rank, "world_size": 2, "node": "n", "pid": victim.pid,
                       "started_at": started, "cooperative_signal": 9}  # fmt: skip
             write_json_atomic(layout.registration(rank), record)
-        assert discover(layout, "r1", "n", world_size=2) == {}
+        assert discover(layout, Scope("r1", "n", world_size=2)).ranks == {}
         assert theirs.poll() is None and ours.poll() is None
     finally:
         for proc in (theirs, ours):
@@ -130,7 +132,9 @@ def test_a_forged_record_never_gets_another_process_signalled(tmp_path: Path) ->
 def test_another_users_log_cannot_fake_progress(tmp_path: Path) -> None:
     layout = RunLayout(tmp_path / "exp" / "trial")
     layout.run_dir.mkdir(parents=True)
-    patterns = default_log_patterns(layout, str(tmp_path), "exp", "trial")
+    info = LaunchInfo("r1", "local", str(layout.run_dir), 1, ["n"], 1, "exp", "trial",
+                      str(tmp_path), WatchdogSection())  # fmt: skip
+    patterns = default_log_patterns(layout, info)
     assert str(tmp_path / "logs" / "root" / "exp" / "trial" / "*.log") in patterns
     assert not any("/logs/*/" in p for p in patterns)
 

@@ -26,3 +26,28 @@ def ranks_phrase(ranks: Iterable[int]) -> str:
     """``"rank 3"`` or ``"ranks 0-2, 5"``."""
     values = sorted(set(ranks))
     return f"rank {values[0]}" if len(values) == 1 else f"ranks {format_ranks(values)}"
+
+
+def worker_label(worker: dict) -> str:
+    """A culprit that is not (only) a rank, for people: ``rollout 0 (pid 12, node n1)``,
+    ``inference_server 127.0.0.1:30000 (unreachable, pid 14)``, ``rank 0 (pid 9, node n1)``."""
+    role = worker.get("role") or "process"
+    if role == "rank":
+        name = f"rank {worker.get('rank')}"
+    else:
+        where = worker.get("address") or worker.get("index")
+        name = role if where is None else f"{role} {where}"
+    facts = [str(worker["state"])] if worker.get("state") else []
+    facts += [f"{k} {worker[k]}" for k in ("pid", "node") if worker.get(k) is not None]
+    return f"{name} ({', '.join(facts)})" if facts else name
+
+
+def culprits_phrase(ranks: Iterable[int], workers: Iterable[dict]) -> str:
+    """``culprit ranks 0-2``, ``culprit workers rollout 0 (pid 12)``, both, or neither named."""
+    parts = []
+    if format_ranks(ranks):
+        parts.append(f"culprit ranks {format_ranks(ranks)}")
+    labels = [worker_label(w) for w in workers]
+    if labels:
+        parts.append(f"culprit workers {'; '.join(labels)}")
+    return ", ".join(parts) or "culprit ranks none named"

@@ -50,6 +50,7 @@ class LaunchSection:
     """How to start the training script."""
 
     entrypoint: str
+    mode: str = "auto"  # auto | torchrun | single_controller | spmd (config.areal)
     args: list[str] = field(default_factory=list)
     nproc_per_node: int = 1
     config_arg: str | None = "--config"

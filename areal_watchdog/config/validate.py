@@ -11,6 +11,7 @@ from typing import Any
 
 import regex
 
+from areal_watchdog.config.areal import LAUNCH_MODES
 from areal_watchdog.config.checks import Checker, default
 from areal_watchdog.config.debug_env import DEFAULT_DEBUG_ENV
 from areal_watchdog.config.model import (
@@ -30,7 +31,8 @@ from areal_watchdog.notify.sinks import parse_sinks
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 LAUNCH_KEYS = {
-    "entrypoint", "args", "nproc_per_node", "config_arg", "python", "env", "slurm", "run_dir_mode",
+    "entrypoint", "mode", "args", "nproc_per_node", "config_arg", "python", "env", "slurm",
+    "run_dir_mode",
 }  # fmt: skip
 WATCHDOG_KEYS = {
     "enabled", "stall_timeout", "startup_timeout", "poll_interval", "step_regex", "log_files",
@@ -118,6 +120,7 @@ def _launch(check: Checker, tree: dict[str, Any], n_gpus: int) -> LaunchSection:
     )
     return LaunchSection(
         entrypoint=entrypoint,
+        mode=check.choice(tree, "launch.mode", LAUNCH_MODES, default(LaunchSection, "mode")),
         args=check.string_list(tree, "launch.args"),
         nproc_per_node=nproc,
         config_arg=check.optional_text(

@@ -98,7 +98,7 @@ DISTRIBUTED_CALLS = COLLECTIVE_OPS | P2P_OPS | INIT_OPS
 ROLLOUT_CALLS = frozenset(
     {"prepare_batch", "wait_results", "active_submit_and_wait", "rollout_batch"}
 )
-_OUR_FILES = ("areal_watchdog/rank_main.py", "runpy")
+_OUR_FILES = ("areal_watchdog/rank_main.py", "areal_watchdog/rank/", "runpy")
 _SECONDARY_FAILURE = re.compile(
     r"connection (closed|reset)|broken pipe|econnreset|connection refused|timed? ?out|"
     r"DistNetworkError|DistBackendError|SignalException|SIGTERM|recvBytes|sendBytes|"
@@ -112,7 +112,9 @@ _PEER_ADDRESS = re.compile(r"\[([0-9a-fA-F.:]+)\]:(\d+)")
 class Activity:
     """What one rank is doing, reduced to what matters for classification."""
 
-    kind: str  # collective | p2p | init | cleanup | dataloader | running | exited | unknown
+    kind: (
+        str  # collective | p2p | init | cleanup | dataloader | rollout | running | exited | unknown
+    )
     op: str  # the library call it waits in, or the innermost user function
     signature: str  # grouping key: op plus the user call sites
     where: str  # for people: "all_reduce at train.py:88 in step() <- main()"
@@ -142,6 +144,7 @@ class Verdict:
     cause: str | None = None  # rollout_stalled: why the rollouts do not come
     activities: dict[int, Activity] = field(default_factory=dict)  # what each rank is doing
     culprit_workers: list[dict[str, Any]] = field(default_factory=list)  # culprits, not ranks
+    worker_activities: dict[int, Activity] = field(default_factory=dict)  # other parts, by pid
 
 
 def classify(evidence: Evidence) -> Verdict:
@@ -157,6 +160,7 @@ def classify(evidence: Evidence) -> Verdict:
     verdict = _from_finding(finding) if finding else _decide(evidence, activities)
     verdict.groups = groups
     verdict.activities = activities
+    verdict.worker_activities = {w.pid or 0: describe(w) for w in evidence.workers}
     _weigh_collectives(verdict, evidence)
     nodes = {r.rank: r.node for r in evidence.ranks}
     culprit_nodes = {nodes[r] for r in verdict.culprit_ranks if nodes.get(r)}
@@ -260,7 +264,10 @@ def describe(rank: RankEvidence) -> Activity:
     frames = [f for f in thread.frames if not any(m in f.filename for m in _OUR_FILES)]
     user_frames = [f for f in frames if not _is_library(f)]
     op, kind = _blocking_op(frames, rank.cpu_utilization)
-    if kind == "running" and user_frames:
+    rollout = [f for f in frames if _bare(f.name) in ROLLOUT_CALLS]
+    if kind == "running" and rollout:  # waiting for rollouts: name AReaL's outermost call
+        op, kind = _bare(rollout[-1].name), "rollout"
+    elif kind == "running" and user_frames:
         op = user_frames[0].name
     if any(
         _bare(f.name) in CLEANUP_NAMES or CLEANUP_HINT.search(f.name) for f in user_frames

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from areal_watchdog.common.rankset import format_ranks
+from areal_watchdog.common.rankset import culprits_phrase, format_ranks
 from areal_watchdog.diagnose.classify import Verdict
 
 
@@ -30,10 +30,10 @@ def verdict_dict(verdict: Verdict, source: dict[str, Any]) -> dict[str, Any]:
 
 def verdict_text(verdict: Verdict) -> str:
     """What a person reads first: category, culprits, summary, then the evidence tables."""
-    culprits = format_ranks(verdict.culprit_ranks) or "none named"
+    culprits = culprits_phrase(verdict.culprit_ranks, verdict.culprit_workers)
     cause = f" ({verdict.cause})" if verdict.cause else ""
     lines = [
-        f"{verdict.category}{cause}: culprit ranks {culprits}, confidence {verdict.confidence:.2f}",
+        f"{verdict.category}{cause}: {culprits}, confidence {verdict.confidence:.2f}",
         verdict.summary,
     ]
     if verdict.groups:

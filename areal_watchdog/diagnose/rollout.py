@@ -1,18 +1,22 @@
 """Hangs on the rollout side of RL training: the trainer waits for rollouts, or for a weight
-transfer to the inference servers. Pure: reads stacks, task dumps, server probes and log tails.
+transfer to the inference servers. Pure: reads stacks, task dumps, server probes and log tails
+of every process of the job (a torchrun rank in SPMD, or AReaL's single controller and its
+rollout workers).
 
 Rules, in order (docs/hang-categories.md):
 
-1. ``weight_sync_stuck``: a rank is inside a trainer-to-inference weight transfer
+1. ``weight_sync_stuck``: a process is inside a trainer-to-inference weight transfer
    (``update_weights_from_distributed``, ``init_weights_update_group``, ...) and blocked, while
    the inference side is not transferring (AReaL #1439: the server never entered recv).
-2. ``rollout_stalled``: a rank waits for rollouts (``prepare_batch``, ``wait_results``,
+2. ``rollout_stalled``: a process waits for rollouts (``prepare_batch``, ``wait_results``,
    ``active_submit_and_wait``, a capacity wait); the ``cause`` comes from the evidence:
    ``inference_unreachable`` (a server refuses connections), ``inference_wedged`` (a server
    accepts but does not answer its health check), ``inference_paused`` (a server reports itself
    paused, or holds queued requests with none running while the job's tasks await it),
-   ``staleness_blocked`` (a capacity wait with no rollout in flight: nothing will ever free
-   capacity), ``workflow_failing`` (episodes keep being rejected), or ``unknown``.
+   ``workflow_failing`` (episodes keep being rejected), ``workflow_stuck`` (the pending
+   episodes wait inside the workflow, on something that is not an inference server: a tool, a
+   sandbox, a lock), ``staleness_blocked`` (a capacity wait with no rollout in flight: nothing will
+   ever free capacity), or ``unknown``.
 """
 
 from __future__ import annotations
@@ -22,7 +26,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal_watchdog.common.rankset import ranks_phrase
-from areal_watchdog.evidence.model import BLOCKED, RUNNING, Evidence, Frame, RankEvidence
+from areal_watchdog.evidence.model import (
+    BLOCKED,
+    RUNNING,
+    Evidence,
+    Frame,
+    RankEvidence,
+    short_path,
+)
 
 ROLLOUT_WAITS = frozenset(
     {
@@ -41,9 +52,11 @@ _WEIGHT_SYNC = re.compile(
 EPISODE_CALLS = frozenset(
     {"_execute_workflow", "arun_episode", "agenerate", "arequest_with_retry", "generate"}
 )
+GENERATION_CALLS = frozenset({"agenerate", "arequest_with_retry", "generate", "_arequest"})
 _CAPACITY = re.compile(r"capacity|staleness", re.I)
 _REJECTED = re.compile(r"rejected|episode failed|workflow.*(failed|error)", re.I)
 REJECTIONS_FOR_FAILING = 3  # rejection lines in one rank's log tail that mean "every episode"
+_LIBRARY = ("site-packages/", "dist-packages/", "/lib/python3")
 
 
 @dataclass
@@ -58,23 +71,31 @@ class RolloutFinding:
     culprit_workers: list[dict[str, Any]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class _Cause:
+    name: str
+    confidence: float
+    culprits: list[dict[str, Any]]
+    why: str
+
+
 def rollout_finding(evidence: Evidence) -> RolloutFinding | None:
     """A finding when the job waits on its rollout side or on a weight transfer, else None."""
-    live = [r for r in evidence.ranks if r.state in (BLOCKED, RUNNING)]
-    syncing = {r.rank: f for r in live if (f := _first(r, lambda f: _WEIGHT_SYNC.search(f.name)))}
+    live = [p for p in evidence.processes() if p.state in (BLOCKED, RUNNING)]
+    syncing = [(p, f) for p in live if (f := _first(p, lambda f: _WEIGHT_SYNC.search(f.name)))]
     if syncing:
         return _weight_sync(evidence, syncing)
-    waiting = {r.rank: f for r in live if (f := _first(r, lambda f: _bare(f) in ROLLOUT_WAITS))}
+    waiting = [(p, f) for p in live if (f := _first(p, lambda f: _bare(f) in ROLLOUT_WAITS))]
     if not waiting:
         return None
     return _rollout_stalled(evidence, waiting)
 
 
-def _weight_sync(evidence: Evidence, syncing: dict[int, Frame]) -> RolloutFinding:
-    ranks = sorted(syncing)
-    frame = syncing[ranks[0]]
+def _weight_sync(evidence: Evidence, syncing: list[tuple[RankEvidence, Frame]]) -> RolloutFinding:
+    who = [p for p, _ in syncing]
+    frame = syncing[0][1]
     idle = [s for s in evidence.servers if s.get("state") == "up" and not s.get("running")]
-    others = sorted(r.rank for r in evidence.ranks if r.rank not in syncing)
+    others = sorted(r.rank for r in evidence.ranks if r not in who and r.rank is not None)
     side = (
         f"the inference server(s) {_addresses(idle)} are up and idle: they never entered the "
         "receiving side of the transfer"
@@ -82,84 +103,146 @@ def _weight_sync(evidence: Evidence, syncing: dict[int, Frame]) -> RolloutFindin
         else "the inference side is not transferring"
     )
     verb = "waits" if len(others) == 1 else "wait"
-    rest = f"; {ranks_phrase(others)} {verb} for {_them(ranks)}" if others else ""
+    rest = f"; {ranks_phrase(others)} {verb} for {_them(who)}" if others else ""
     return RolloutFinding(
         "weight_sync_stuck",
         None,
         0.85 if idle else 0.7,
-        ranks,
-        f"{ranks_phrase(ranks)} {_is(ranks)} blocked sending weights in {_bare(frame)}() at "
+        sorted(p.rank for p in who if p.rank is not None),
+        f"{_cap(_names(who))} {_is(who)} blocked sending weights in {_bare(frame)}() at "
         f"{frame.short_filename}:{frame.line}, and {side}{rest}.",
-        [_worker(s) for s in idle],
+        [_server(s) for s in idle],
     )
 
 
-def _rollout_stalled(evidence: Evidence, waiting: dict[int, Frame]) -> RolloutFinding:
-    ranks = sorted(waiting)
-    frame = waiting[ranks[0]]
-    cause, confidence, culprits, why = _cause(evidence, waiting)
+def _rollout_stalled(
+    evidence: Evidence, waiting: list[tuple[RankEvidence, Frame]]
+) -> RolloutFinding:
+    who = [p for p, _ in waiting]
+    frame = waiting[0][1]
+    cause = _cause(evidence, waiting)
     return RolloutFinding(
         "rollout_stalled",
-        cause,
-        confidence,
+        cause.name,
+        cause.confidence,
         [],
-        f"{ranks_phrase(ranks)} {_is(ranks)} waiting for rollouts in {_bare(frame)}() at "
-        f"{frame.short_filename}:{frame.line}: {why}.",
-        [_worker(s) for s in culprits],
+        f"{_cap(_names(who))} {_is(who)} waiting for rollouts in {_bare(frame)}() at "
+        f"{frame.short_filename}:{frame.line}: {cause.why}.",
+        cause.culprits,
     )
 
 
-def _cause(
-    evidence: Evidence, waiting: dict[int, Frame]
-) -> tuple[str, float, list[dict[str, Any]], str]:
-    servers = evidence.servers
-    awaited = _awaited(evidence)
+def _cause(evidence: Evidence, waiting: list[tuple[RankEvidence, Frame]]) -> _Cause:
+    for rule in (_server_down, _server_paused, _workflow_failing, _workflow_stuck):
+        found = rule(evidence)
+        if found is not None:
+            return found
+    return _staleness_blocked(evidence, waiting) or _Cause(
+        "unknown", 0.4, [], "the inference servers look healthy; read the task dumps"
+    )
+
+
+def _server_down(evidence: Evidence) -> _Cause | None:
     for state, cause, what in (
         ("unreachable", "inference_unreachable", "refuses connections (dead?)"),
         ("unresponsive", "inference_wedged", "accepts connections but does not answer /health"),
         ("unhealthy", "inference_wedged", "answers /health with an error"),
     ):
-        bad = [s for s in servers if s.get("state") == state]
+        bad = [s for s in evidence.servers if s.get("state") == state]
         if bad:
-            return cause, 0.9, bad, f"the inference server {_addresses(bad)} {what}"
-    paused = [s for s in servers if _looks_paused(s, awaited)]
-    if paused:
-        queued = sum(int(s.get("queued") or 0) for s in paused)
-        return (
-            "inference_paused",
-            0.9 if any(s.get("paused") is True for s in paused) else 0.7,
-            paused,
-            f"the inference server {_addresses(paused)} is paused (generation paused for a weight "
-            f"update and never resumed?) with {queued} request(s) queued",
-        )
-    rejected = max((len(_REJECTED.findall(r.log_tail)) for r in evidence.ranks), default=0)
-    if rejected >= REJECTIONS_FOR_FAILING:
-        return (
-            "workflow_failing",
-            0.75,
-            [],
-            f"episodes keep failing and being rejected ({rejected} rejections in one log tail), "
-            "so the batch never fills",
-        )
-    capacity_wait = [
-        r
-        for r in evidence.ranks
-        if r.rank in waiting and _first(r, lambda f: _CAPACITY.search(f.name))
-    ]
-    if capacity_wait and not any(_is_episode(t) for r in evidence.ranks for t in r.tasks):
-        return (
-            "staleness_blocked",
-            0.8,
-            [],
-            "the staleness control leaves no capacity to start a rollout and none is in flight "
-            "(check max_head_offpolicyness and max_concurrent_rollouts per rollout worker)",
-        )
-    return "unknown", 0.4, [], "the inference servers look healthy; read the task dumps"
+            return _Cause(cause, 0.9, [_server(s) for s in bad],
+                          f"the inference server {_addresses(bad)} {what}")  # fmt: skip
+    return None
+
+
+def _server_paused(evidence: Evidence) -> _Cause | None:
+    awaited = {t["awaiting"] for p in evidence.processes() for t in p.tasks if t.get("awaiting")}
+    paused = [s for s in evidence.servers if _looks_paused(s, awaited)]
+    if not paused:
+        return None
+    queued = sum(int(s.get("queued") or 0) for s in paused)
+    return _Cause(
+        "inference_paused",
+        0.9 if any(s.get("paused") is True for s in paused) else 0.7,
+        [_server(s) for s in paused],
+        f"the inference server {_addresses(paused)} is paused (generation paused for a weight "
+        f"update and never resumed?) with {queued} request(s) queued",
+    )
+
+
+def _workflow_stuck(evidence: Evidence) -> _Cause | None:
+    """Every pending episode waits inside the workflow, on no inference server."""
+    holders = [(p, t) for p in evidence.processes() for t in p.tasks if _is_episode(t)]
+    if not holders or any(_is_generating(t) for _, t in holders):
+        return None
+    holders = [(p, t) for p, t in holders if _link(t["chain"][-1]) not in EPISODE_CALLS]
+    if not holders:  # only AReaL's wrappers, awaiting episodes that are gone
+        return None
+    stuck_at = _await_site(holders[0][1])
+    oldest = max(float(t.get("pending_s") or 0.0) for _, t in holders)
+    owners = list({p.pid: p for p, _ in holders}.values())
+    return _Cause(
+        "workflow_stuck",
+        0.85,
+        [_worker(p) for p in owners],
+        f"{len(holders)} episode(s) in {_names(owners)} wait inside the workflow at {stuck_at} "
+        f"(up to {oldest:.0f} s), not on an inference server: a tool, a sandbox or a lock that "
+        "never returns",
+    )
+
+
+def _workflow_failing(evidence: Evidence) -> _Cause | None:
+    rejected = max((len(_REJECTED.findall(p.log_tail)) for p in evidence.processes()), default=0)
+    if rejected < REJECTIONS_FOR_FAILING:
+        return None
+    return _Cause(
+        "workflow_failing",
+        0.75,
+        [],
+        f"episodes keep failing and being rejected ({rejected} rejections in one log tail), "
+        "so the batch never fills",
+    )
+
+
+def _staleness_blocked(
+    evidence: Evidence, waiting: list[tuple[RankEvidence, Frame]]
+) -> _Cause | None:
+    capacity_wait = [p for p, _ in waiting if _first(p, lambda f: _CAPACITY.search(f.name))]
+    if not capacity_wait or any(_is_episode(t) for p in evidence.processes() for t in p.tasks):
+        return None
+    return _Cause(
+        "staleness_blocked",
+        0.8,
+        [],
+        "the staleness control leaves no capacity to start a rollout and none is in flight "
+        "(check max_head_offpolicyness and max_concurrent_rollouts per rollout worker)",
+    )
 
 
 def _is_episode(task: dict[str, Any]) -> bool:
     """A pending rollout: some link of its await chain is an episode or generation call."""
-    return any(link["name"].rsplit(".", 1)[-1] in EPISODE_CALLS for link in task.get("chain", []))
+    return any(_link(link) in EPISODE_CALLS for link in task.get("chain", []))
+
+
+def _is_generating(task: dict[str, Any]) -> bool:
+    return any(_link(link) in GENERATION_CALLS for link in task.get("chain", []))
+
+
+def _await_site(task: dict[str, Any]) -> str:
+    """The innermost link of the chain in the user's code (outside libraries), and the library
+    call it awaits: ``run_tool() at tool_workflow.py:37 (awaiting Process.communicate)``."""
+    chain = task.get("chain", [])
+    user = [i for i, link in enumerate(chain) if not any(m in link["filename"] for m in _LIBRARY)]
+    if not user:
+        return chain[-1]["name"] if chain else "an unknown await"
+    link = chain[user[-1]]
+    inner = chain[user[-1] + 1 :]
+    awaiting = f" (awaiting {inner[0]['name']})" if inner else ""
+    return f"{_link(link)}() at {short_path(link['filename'])}:{link['line']}{awaiting}"
+
+
+def _link(link: dict[str, Any]) -> str:
+    return str(link.get("name", "")).rsplit(".", 1)[-1]
 
 
 def _looks_paused(server: dict[str, Any], awaited: set[str]) -> bool:
@@ -170,14 +253,10 @@ def _looks_paused(server: dict[str, Any], awaited: set[str]) -> bool:
     return bool(server.get("queued")) and not server.get("running") and server["address"] in awaited
 
 
-def _awaited(evidence: Evidence) -> set[str]:
-    return {t["awaiting"] for r in evidence.ranks for t in r.tasks if t.get("awaiting")}
-
-
-def _first(rank: RankEvidence, test: Any) -> Frame | None:
+def _first(process: RankEvidence, test: Any) -> Frame | None:
     """The outermost frame of any thread that passes ``test`` (the main thread first)."""
-    main = rank.main_thread()
-    threads = [main, *(t for t in rank.threads if t is not main)] if main else rank.threads
+    main = process.main_thread()
+    threads = [main, *(t for t in process.threads if t is not main)] if main else process.threads
     for thread in threads:
         for frame in reversed(thread.frames):
             if test(frame):
@@ -185,7 +264,7 @@ def _first(rank: RankEvidence, test: Any) -> Frame | None:
     return None
 
 
-def _worker(server: dict[str, Any]) -> dict[str, Any]:
+def _server(server: dict[str, Any]) -> dict[str, Any]:
     return {
         "role": "inference_server",
         "address": server.get("address"),
@@ -193,6 +272,31 @@ def _worker(server: dict[str, Any]) -> dict[str, Any]:
         "node": server.get("node"),
         "pid": server.get("pid"),
     }
+
+
+def _worker(process: RankEvidence) -> dict[str, Any]:
+    """A culprit that is not a rank (or not only one): role, index, node, pid."""
+    found = {
+        "role": process.role or "rank",
+        "index": process.worker_index,
+        "node": process.node,
+        "pid": process.pid,
+        "rank": process.rank,
+        "address": process.address,
+    }
+    return {k: v for k, v in found.items() if v is not None}
+
+
+def _names(processes: list[RankEvidence]) -> str:
+    """``rank 0``, ``ranks 0-3``, ``the controller (pid 12)``, ``rollout 0 (pid 14, node n1)``."""
+    ranked = [p.rank for p in processes if p.rank is not None and p.role in (None, "rank")]
+    parts = [ranks_phrase(sorted(ranked))] if ranked else []
+    for p in processes:
+        if p.rank is not None and p.role in (None, "rank"):
+            continue
+        name = "the controller" if p.role == "controller" else p.label()
+        parts.append(f"{name} (pid {p.pid}{f', node {p.node}' if p.node else ''})")
+    return ", ".join(parts)
 
 
 def _addresses(servers: list[dict[str, Any]]) -> str:
@@ -203,9 +307,13 @@ def _bare(frame: Frame) -> str:
     return frame.name.rsplit(".", 1)[-1]
 
 
-def _is(ranks: list[int]) -> str:
-    return "is" if len(ranks) == 1 else "are"
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
-def _them(ranks: list[int]) -> str:
-    return "it" if len(ranks) == 1 else "them"
+def _is(items: list[Any]) -> str:
+    return "is" if len(items) == 1 else "are"
+
+
+def _them(items: list[Any]) -> str:
+    return "it" if len(items) == 1 else "them"

@@ -1,4 +1,4 @@
-"""Find this job's rank processes on this node: by environment, never by "all python processes".
+"""Find this job's processes on this node: by environment, never by "all python processes".
 
 A process is only ever dumped or signalled once it is verified as one of this job's own: it runs
 as the user who owns the run directory (never another user's process, whatever a file says),
@@ -6,59 +6,95 @@ and either carries this run's id in its environment or, where the environment ma
 runs our rank wrapper and was started when its registration says. The signal for a cooperative
 dump is ours (``COOPERATIVE_SIGNAL``), never a number read from a file.
 
-A rank process carries ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and the run id the launcher
-exported (``AREAL_WATCHDOG_RUN_ID``); on a test cluster where two Slurm "nodes" share one host,
-``AREAL_WATCHDOG_NODE`` tells them apart. Where the environment may not be read (another user,
-no ptrace rights), the registration files written by ``rank_main`` stand in.
+Two kinds of process are found:
+
+- **ranks**, the training world: torchrun ranks (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and the
+  run id in their environment; where the environment may not be read, the registration files
+  written by our rank wrapper stand in), or, in AReaL's single-controller mode, the workers of
+  the role that holds the ranks (``actor``: their ``RANK`` is its worker index, set later over
+  HTTP and so in no environment);
+- **workers**, every other part of an AReaL job (the controller, rollout workers, inference
+  servers, the data service), by their command line (``common.roles``).
+
+On a test cluster where two Slurm "nodes" share one host, ``AREAL_WATCHDOG_NODE`` tells them
+apart. A forked helper (a DataLoader worker, a process pool) shares its parent's identity and is
+not counted twice.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 
 from areal_watchdog.common.atomic import read_json
+from areal_watchdog.common.roles import RANK_WRAPPERS, Identity, identify
 from areal_watchdog.rundir.layout import COOPERATIVE_SIGNAL, ENV_NODE, ENV_RUN_ID, RunLayout
-
-WRAPPERS = ("areal_watchdog.rank.main", "areal_watchdog.rank_main")
 
 
 @dataclass(frozen=True)
-class RankProcess:
-    """One rank process of the job on this node."""
+class JobProcess:
+    """One process of the job on this node."""
 
-    rank: int
-    local_rank: int
-    world_size: int
     pid: int
     node: str
     create_time: float
+    role: str = "rank"  # "rank" for a torchrun rank, else AReaL's role (common.roles)
+    rank: int | None = None  # its rank in the training world, when it has one
+    index: int | None = None  # AReaL's worker index within the role
+    local_rank: int | None = None
+    world_size: int | None = None
+    address: str | None = None  # inference servers: host:port
     cooperative_signal: int | None = None
+    hooked: bool = False  # armed by the sitecustomize hook: its files are kept by pid
+
+    def label(self) -> str:
+        """``rank 3``, ``actor 1``, ``inference_server 127.0.0.1:30000``, ``controller``."""
+        if self.role == "rank":
+            return f"rank {self.rank}"
+        return Identity(self.role, self.index, self.address).label()
 
 
-def discover(
-    layout: RunLayout, run_id: str, node: str, world_size: int | None = None
-) -> dict[int, RankProcess]:
-    """Every live, verified rank process of run ``run_id`` on ``node``, keyed by global rank."""
+@dataclass
+class Discovered:
+    """The job's processes on one node: the ranks by rank, every other part by pid."""
+
+    ranks: dict[int, JobProcess] = field(default_factory=dict)
+    workers: dict[int, JobProcess] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which processes belong to the job: its run, this node, and how its parts are told."""
+
+    run_id: str
+    node: str
+    world_size: int | None = None  # ranks beyond it are forged records, never watched
+    rank_role: str | None = None  # AReaL's role whose workers are the ranks (single controller)
+    controller_config: str = ""  # the job config path only the controller holds
+
+
+def discover(layout: RunLayout, scope: Scope) -> Discovered:
+    """Every live, verified process of the run on this node."""
     owner = _owner(layout)
-    found = _from_registrations(layout, run_id, node, owner)
-    for proc in _from_environment(run_id, node, owner):
-        known = found.get(proc.rank)
-        signal = known.cooperative_signal if known and known.pid == proc.pid else None
-        found[proc.rank] = RankProcess(
-            proc.rank,
-            proc.local_rank,
-            proc.world_size,
-            proc.pid,
-            proc.node,
-            proc.create_time,
-            signal,
-        )
-    if world_size is not None:
-        found = {r: p for r, p in found.items() if 0 <= r < world_size}
+    found = Discovered(ranks=_from_registrations(layout, scope, owner))
+    for proc in _from_environment(layout, scope, owner):
+        if proc.rank is None:
+            found.workers[proc.pid] = proc
+            continue
+        known = found.ranks.get(proc.rank)
+        if known and known.pid == proc.pid and proc.cooperative_signal is None:
+            proc = _with_signal(proc, known.cooperative_signal)
+        found.ranks[proc.rank] = proc
+    if scope.world_size is not None:
+        found.ranks = {r: p for r, p in found.ranks.items() if 0 <= r < scope.world_size}
     return found
+
+
+def _with_signal(proc: JobProcess, signal: int | None) -> JobProcess:
+    fields = {**proc.__dict__, "cooperative_signal": signal}
+    return JobProcess(**fields)
 
 
 def _owner(layout: RunLayout) -> int:
@@ -76,19 +112,17 @@ def _ours(proc: psutil.Process, owner: int) -> bool:
         return False
 
 
-def _from_registrations(
-    layout: RunLayout, run_id: str, node: str, owner: int
-) -> dict[int, RankProcess]:
-    found: dict[int, RankProcess] = {}
+def _from_registrations(layout: RunLayout, scope: Scope, owner: int) -> dict[int, JobProcess]:
+    found: dict[int, JobProcess] = {}
     if not layout.ranks_dir.is_dir():
         return found
     for path in layout.ranks_dir.glob("rank_*.json"):
         if path.name.endswith(".exit.json"):
             continue
         record = read_json(path)
-        if not isinstance(record, dict) or record.get("run_id") != run_id:
+        if not isinstance(record, dict) or record.get("run_id") != scope.run_id:
             continue
-        if record.get("node") != node:
+        if record.get("node") != scope.node:
             continue
         try:
             proc = psutil.Process(int(record["pid"]))
@@ -101,13 +135,13 @@ def _from_registrations(
             continue  # the pid was reused by an unrelated process
         if not _ours(proc, owner) or not _runs_our_wrapper(proc):
             continue  # a forged or stale record naming somebody else's process
-        found[int(record["rank"])] = RankProcess(
+        found[int(record["rank"])] = JobProcess(
+            pid=proc.pid,
+            node=scope.node,
+            create_time=create_time,
             rank=int(record["rank"]),
             local_rank=int(record.get("local_rank", 0)),
             world_size=int(record.get("world_size", 1)),
-            pid=proc.pid,
-            node=node,
-            create_time=create_time,
             cooperative_signal=COOPERATIVE_SIGNAL if record.get("cooperative_signal") else None,
         )
     return found
@@ -115,45 +149,72 @@ def _from_registrations(
 
 def _runs_our_wrapper(proc: psutil.Process) -> bool:
     try:
-        return any(arg.startswith(WRAPPERS) for arg in proc.cmdline()[:4])
+        return any(arg.startswith(RANK_WRAPPERS) for arg in proc.cmdline()[:4])
     except psutil.Error:
         return False
 
 
-def _from_environment(run_id: str, node: str, owner: int) -> list[RankProcess]:
-    matches: dict[int, tuple[dict[str, str], psutil.Process]] = {}
+def _from_environment(layout: RunLayout, scope: Scope, owner: int) -> list[JobProcess]:
+    """The run's processes on this node, each with its identity; forked helpers dropped."""
+    matches: dict[int, tuple[Identity, psutil.Process, dict[str, str]]] = {}
     for proc in psutil.process_iter():
         try:
             if not _ours(proc, owner):
                 continue
             env = proc.environ()
+            if env.get(ENV_RUN_ID) != scope.run_id or env.get(ENV_NODE, scope.node) != scope.node:
+                continue
+            who = identify(proc.cmdline(), env, scope.controller_config)
         except (psutil.Error, OSError):
             continue
-        if env.get(ENV_RUN_ID) != run_id or "RANK" not in env:
-            continue
-        if env.get(ENV_NODE, node) != node:
-            continue
-        matches[proc.pid] = (env, proc)
-    ranks = []
-    for pid, (env, proc) in matches.items():
+        if who is not None and who.role != "torchrun":
+            matches[proc.pid] = (who, proc, env)
+    found = []
+    for pid, (who, proc, env) in matches.items():
         try:
-            parent = proc.ppid()
-            create_time = proc.create_time()
+            parent, create_time = proc.ppid(), proc.create_time()
         except psutil.Error:
             continue
-        if parent in matches and matches[parent][0].get("RANK") == env.get("RANK"):
-            continue  # a worker process forked by the rank (DataLoader), not the rank itself
+        if parent in matches and matches[parent][0] == who:
+            continue  # forked by its parent (a DataLoader worker, a pool): not a part itself
+        made = _job_process(layout, scope, who, pid, create_time, env)
+        if made is not None:
+            found.append(made)
+    return found
+
+
+def _job_process(
+    layout: RunLayout,
+    scope: Scope,
+    who: Identity,
+    pid: int,
+    create_time: float,
+    env: dict[str, str],
+) -> JobProcess | None:
+    if who.role == "rank":
         try:
-            ranks.append(
-                RankProcess(
-                    rank=int(env["RANK"]),
-                    local_rank=int(env.get("LOCAL_RANK", "0")),
-                    world_size=int(env.get("WORLD_SIZE", "1")),
-                    pid=pid,
-                    node=node,
-                    create_time=create_time,
-                )
+            return JobProcess(
+                pid=pid,
+                node=scope.node,
+                create_time=create_time,
+                rank=int(env["RANK"]),
+                local_rank=int(env.get("LOCAL_RANK", "0")),
+                world_size=int(env.get("WORLD_SIZE", "1")),
             )
-        except ValueError:
-            continue
-    return ranks
+        except (KeyError, ValueError):
+            return None
+    armed = layout.process_stack_file(pid).is_file()
+    holds_rank = who.role == scope.rank_role and who.index is not None
+    return JobProcess(
+        pid=pid,
+        node=scope.node,
+        create_time=create_time,
+        role=who.role,
+        rank=who.index if holds_rank else None,
+        index=who.index,
+        local_rank=0 if holds_rank else None,
+        world_size=scope.world_size if holds_rank else None,
+        address=who.address,
+        cooperative_signal=COOPERATIVE_SIGNAL if armed else None,
+        hooked=True,
+    )

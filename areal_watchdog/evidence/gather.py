@@ -1,4 +1,5 @@
-"""Gather one node's evidence: a stack from every live rank (in parallel), exits of the rest.
+"""Gather one node's evidence: a stack from every live process of the job (in parallel), the
+exits of the rest.
 
 Produces plain ``RankEvidence``; it never classifies.
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 import psutil
 
 from areal_watchdog.common.atomic import read_json
-from areal_watchdog.evidence.discovery import RankProcess
+from areal_watchdog.evidence.discovery import JobProcess
 from areal_watchdog.evidence.faulthandler import dump_cooperative
 from areal_watchdog.evidence.model import (
     BLOCKED,
@@ -42,47 +43,74 @@ class GatherSettings:
 def gather_node(
     layout: RunLayout,
     node: str,
-    live: dict[int, RankProcess],
-    gone: dict[int, RankProcess],
+    live: dict[int, JobProcess],
+    gone: dict[int, JobProcess],
     cpu_recent: dict[int, float],
     settings: GatherSettings,
 ) -> list[RankEvidence]:
     """Evidence for every rank this node knows: stacks for ``live``, exit details for ``gone``."""
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(live)))) as pool:
-        futures = {
-            rank: pool.submit(_stack_for, layout, proc, cpu_recent.get(proc.pid), settings)
-            for rank, proc in live.items()
-        }
-        results = [f.result() for f in futures.values()]
+    results = gather_processes(layout, list(live.values()), cpu_recent, settings)
     agent_log = _read_tail(layout.logs_dir / f"torchrun_{node}.log", 400)
     for rank, proc in gone.items():
         if rank in live:
             continue
-        results.append(
-            RankEvidence(
-                rank=rank,
-                node=node,
-                pid=proc.pid,
-                local_rank=proc.local_rank,
-                state=EXITED,
-                exit=exit_info(layout, rank, proc.pid, agent_log),
-            )
-        )
+        results.append(_ended(layout, proc, agent_log))
     for item in results:
         item.log_tail = rank_log_tail(layout, node, item.local_rank)
     return sorted(results, key=lambda r: r.rank)
 
 
-def _stack_for(
-    layout: RunLayout, proc: RankProcess, cpu: float | None, settings: GatherSettings
-) -> RankEvidence:
-    evidence = RankEvidence(
+def gather_workers(
+    layout: RunLayout,
+    live: list[JobProcess],
+    gone: list[JobProcess],
+    cpu_recent: dict[int, float],
+    settings: GatherSettings,
+) -> list[RankEvidence]:
+    """Evidence for the parts of an AReaL job without a rank (controller, rollout workers,
+    servers): stacks for ``live``, exit details for ``gone``, in role order."""
+    results = gather_processes(layout, live, cpu_recent, settings)
+    results += [_ended(layout, proc, "") for proc in gone]
+    return sorted(results, key=lambda r: (r.role or "", r.worker_index or 0, r.pid or 0))
+
+
+def gather_processes(
+    layout: RunLayout, procs: list[JobProcess], cpu_recent: dict[int, float],
+    settings: GatherSettings,
+) -> list[RankEvidence]:  # fmt: skip
+    """A stack from each process, all in parallel under the dump timeout."""
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(procs)))) as pool:
+        futures = [
+            pool.submit(_stack_for, layout, proc, cpu_recent.get(proc.pid), settings)
+            for proc in procs
+        ]
+        return [f.result() for f in futures]
+
+
+def _ended(layout: RunLayout, proc: JobProcess, agent_log: str) -> RankEvidence:
+    item = _evidence(proc)
+    item.state = EXITED
+    item.exit = exit_info(layout, proc, agent_log)
+    return item
+
+
+def _evidence(proc: JobProcess) -> RankEvidence:
+    return RankEvidence(
         rank=proc.rank,
         node=proc.node,
         pid=proc.pid,
         local_rank=proc.local_rank,
-        cpu_utilization=cpu,
+        role=None if proc.role == "rank" else proc.role,
+        worker_index=proc.index,
+        address=proc.address,
     )
+
+
+def _stack_for(
+    layout: RunLayout, proc: JobProcess, cpu: float | None, settings: GatherSettings
+) -> RankEvidence:
+    evidence = _evidence(proc)
+    evidence.cpu_utilization = cpu
     errors = []
     with contextlib.suppress(psutil.Error):
         evidence.process_status = psutil.Process(proc.pid).status()
@@ -96,19 +124,16 @@ def _stack_for(
         if proc.cooperative_signal:
             try:
                 evidence.threads = dump_cooperative(
-                    proc.pid,
-                    proc.cooperative_signal,
-                    layout.stack_file(proc.rank),
-                    settings.timeout,
+                    proc.pid, proc.cooperative_signal, stack_file(layout, proc), settings.timeout
                 )
                 evidence.evidence_method = "faulthandler"
             except StackError as exc:
                 errors.append(f"faulthandler: {exc}")
         else:
-            errors.append("faulthandler: the rank did not arm the cooperative dump")
+            errors.append("faulthandler: the process did not arm the cooperative dump")
     if not psutil.pid_exists(proc.pid):
         evidence.state = EXITED
-        evidence.exit = exit_info(layout, proc.rank, proc.pid, "")
+        evidence.exit = exit_info(layout, proc, "")
     elif evidence.threads:
         evidence.state = RUNNING if cpu is not None and cpu >= BUSY_CPU else BLOCKED
     else:
@@ -117,9 +142,22 @@ def _stack_for(
     return evidence
 
 
-def exit_info(layout: RunLayout, rank: int, pid: int | None, agent_log: str) -> ExitInfo:
-    """How a rank ended: its own exit record, else what the torchrun agent logged for its pid."""
-    record = read_json(layout.exit_record(rank))
+def stack_file(layout: RunLayout, proc: JobProcess) -> Path:
+    """Where the process's cooperative dump lands: by rank (our rank wrapper), or by pid (the
+    sitecustomize hook)."""
+    if proc.hooked or proc.rank is None:
+        return layout.process_stack_file(proc.pid)
+    return layout.stack_file(proc.rank)
+
+
+def exit_info(layout: RunLayout, proc: JobProcess, agent_log: str) -> ExitInfo:
+    """How a process ended: its own exit record, else what the torchrun agent logged for it."""
+    pid = proc.pid
+    if proc.hooked or proc.rank is None:
+        path = layout.process_exit_record(pid)
+    else:
+        path = layout.exit_record(proc.rank)
+    record = read_json(path)
     if isinstance(record, dict) and (pid is None or record.get("pid") == pid):
         return ExitInfo(
             code=record.get("code"),

@@ -57,9 +57,11 @@ class ExitInfo:
 
 @dataclass
 class RankEvidence:
-    """Everything known about one rank at detection time."""
+    """Everything known about one process of the job at detection time: a rank of the training
+    world, or (``rank`` None) another part of an AReaL job: its controller, a rollout worker,
+    an inference server, the data service."""
 
-    rank: int
+    rank: int | None
     node: str = ""
     pid: int | None = None
     local_rank: int | None = None
@@ -73,8 +75,20 @@ class RankEvidence:
     error: str | None = None  # why no stack could be taken
     log_tail: str = ""
     tasks: list[dict[str, Any]] = field(default_factory=list)  # pending asyncio tasks (rank.tasks)
-    role: str | None = None  # AReaL worker role (actor, rollout, ...) when known
+    role: str | None = None  # AReaL's role (controller, actor, rollout, inference_server...)
     worker_index: int | None = None  # AReaL worker index within its role
+    address: str | None = None  # inference servers: host:port
+
+    def label(self) -> str:
+        """``rank 3`` (``rank 3 (actor 3)``), ``rollout 0``, ``controller``."""
+        part = self.role or ""
+        if self.address:
+            part += f" {self.address}"
+        elif self.worker_index is not None:
+            part += f" {self.worker_index}"
+        if self.rank is None:
+            return part or f"pid {self.pid}"
+        return f"rank {self.rank}" + (f" ({part})" if part and self.role != "rank" else "")
 
     def main_thread(self) -> ThreadStack | None:
         """The thread running the script: named MainThread, else the one rooted in <module>."""
@@ -99,6 +113,7 @@ class Evidence:
     lost_nodes: list[str] = field(default_factory=list)  # sidecar and ranks vanished
     flight_records: dict[str, dict[str, Any]] = field(default_factory=dict)  # rank -> trace
     servers: list[dict[str, Any]] = field(default_factory=list)  # inference-server probes
+    workers: list[RankEvidence] = field(default_factory=list)  # the job's parts without a rank
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -132,7 +147,12 @@ class Evidence:
             lost_nodes=list(data.get("lost_nodes", [])),
             flight_records=dict(data.get("flight_records", {})),
             servers=list(data.get("servers", [])),
+            workers=[cls.rank_from_dict(w) for w in data.get("workers", [])],
         )
+
+    def processes(self) -> list[RankEvidence]:
+        """Every process seen: the ranks, then the other parts of the job."""
+        return [*self.ranks, *self.workers]
 
 
 def short_path(filename: str) -> str:

@@ -3,7 +3,8 @@ probe of every inference server they talk to.
 
 The two run in parallel, each under ``timeout``. Server addresses are read from the processes'
 own environment (``AREAL_LLM_SERVER_ADDRS``, exported by AReaL's SPMD launcher and by our
-launcher) and from the addresses their pending tasks await.
+launcher), from the servers' own command lines (single-controller AReaL records them nowhere
+else) and from the addresses pending tasks await.
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ def configured_servers(pids: list[int]) -> list[str]:
 
 
 def gather_rollout(
-    layout: RunLayout, pids: list[int], timeout: float
+    layout: RunLayout, pids: list[int], running: list[str], timeout: float
 ) -> tuple[dict[int, dict[str, Any]], list[dict[str, Any]]]:
-    """(task dumps by pid, server probes); servers awaited by a task are probed too."""
-    addresses = configured_servers(pids)
+    """(task dumps by pid, server probes): the servers the processes were told about, the
+    ones found ``running`` here, and those a pending task awaits."""
+    addresses = list(dict.fromkeys([*configured_servers(pids), *running]))
     with ThreadPoolExecutor(max_workers=2) as pool:
         tasks_future = pool.submit(collect, layout, pids, timeout)
         probes = probe_all(addresses, min(2.0, timeout))

@@ -6,37 +6,21 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from areal_watchdog.common.atomic import write_text_atomic
-from areal_watchdog.common.errors import ConfigError
 from areal_watchdog.config.debug_env import render_debug_env
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.evidence.flight_recorder import ENV_FLIGHT_RECORDER
+from areal_watchdog.launch.entrypoint import resolve_entrypoint
 from areal_watchdog.launch.plan import LaunchPlan
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_NODE, ENV_RUN_ID, ENV_WATCH_DIR, RunLayout
 from areal_watchdog.rundir.lock import hold_run_lock
 from areal_watchdog.rundir.secure import ensure_run_dir
 from areal_watchdog.trajectory import format as trajectory
-
-
-def resolve_entrypoint(config: JobConfig) -> str:
-    """A script path made absolute: relative to the config file first (the script that sits
-    beside the config is the one it was written for), then to the working directory."""
-    entry = config.launch.entrypoint
-    if not entry.endswith(".py"):
-        return entry  # a module name
-    for base in (Path(config.source).resolve().parent, Path.cwd()):
-        candidate = (base / entry).resolve()
-        if candidate.is_file():
-            return str(candidate)
-    raise ConfigError(
-        config.source,
-        "launch.entrypoint",
-        f"no such file: {entry} (looked beside the config, then in the working directory)",
-    )
 
 
 def job_environment(
@@ -85,16 +69,20 @@ def rank_command(config: JobConfig, layout: RunLayout, watchdog: bool) -> list[s
     return tail if entry.endswith(".py") else ["-m", *tail]
 
 
-def launch_files(config: JobConfig, info: LaunchInfo, watchdog: bool) -> dict[str, str]:
-    """launch.json for the sidecars, the resolved config for the training script, and the whole
-    resolved config (our sections included) from which ``areal-launch replay`` starts again."""
+def launch_files(
+    config: JobConfig, info: LaunchInfo, watchdog: bool, tree: dict[str, Any] | None = None
+) -> dict[str, str]:
+    """launch.json for the sidecars, the resolved config for the training script (``tree``:
+    already edited for AReaL), and the whole resolved config (our sections included) from which
+    ``areal-launch replay`` starts again."""
     layout = info.layout
     dumping = watchdog and config.watchdog.trajectory_dump
     raw = dict(config.raw)
     raw["launch"] = {**raw.get("launch", {}), "entrypoint": resolve_entrypoint(config)}
+    job_tree = tree if tree is not None else config.job_tree(dumping)
     return {
         str(layout.launch_file): json.dumps(info.to_dict(), indent=1, sort_keys=True),
-        str(layout.job_config): yaml.safe_dump(config.job_tree(dumping), sort_keys=False),
+        str(layout.job_config): yaml.safe_dump(job_tree, sort_keys=False),
         str(layout.launch_config): yaml.safe_dump(raw, sort_keys=False),
     }
 
@@ -111,6 +99,7 @@ def stale_state(layout: RunLayout) -> list[Path]:
         layout.cancel_file,
         layout.interrupted_file,
         layout.tasks_dir,
+        layout.procs_dir,
         watch / "requests",
         watch / "evidence",
         watch / "claims",
@@ -130,7 +119,7 @@ def prepare_run_dir(plan: LaunchPlan, lock: bool = False) -> int | None:
         elif path.exists() or path.is_symlink():
             path.unlink()
     layout = RunLayout(Path(plan.run_dir))
-    for directory in layout.live_dirs():
+    for directory in [*layout.live_dirs(), *map(Path, plan.dirs)]:
         directory.mkdir(parents=True, exist_ok=True)
     for path, content in plan.files.items():
         Path(path).parent.mkdir(parents=True, exist_ok=True)

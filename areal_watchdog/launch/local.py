@@ -16,11 +16,14 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
 from areal_watchdog.common.atomic import open_append, read_json, write_json_atomic
 from areal_watchdog.config.model import JobConfig
+from areal_watchdog.launch.areal import ArealJob, plan_areal
+from areal_watchdog.launch.entrypoint import launch_mode
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.job import (
     job_environment,
@@ -29,7 +32,7 @@ from areal_watchdog.launch.job import (
     rank_command,
     stale_state,
 )
-from areal_watchdog.launch.plan import LaunchPlan, ProcessSpec
+from areal_watchdog.launch.plan import Gate, LaunchPlan, ProcessSpec
 from areal_watchdog.launch.processes import (
     Interrupts,
     OutputPump,
@@ -55,29 +58,36 @@ class LocalBackend:
         run_id = run_id or uuid.uuid4().hex[:12]
         layout = RunLayout(config.run_dir.resolve())
         node = socket.gethostname()
-        nproc = config.launch.nproc_per_node
-        info = LaunchInfo.for_config(config, run_id, "local", layout.run_dir, nproc, [node])
-        torchrun = torchrun_command(
-            config.launch.python,
-            layout,
-            node,
-            nproc,
-            standalone(),
-            rank_command(config, layout, watchdog),
-        )
+        mode = launch_mode(config)
         env = job_environment(config, layout, run_id, node, watchdog)
-        processes = [ProcessSpec("job", torchrun, env)]
+        ranks = rank_command(config, layout, watchdog)
+        if mode == "torchrun":
+            nproc = config.launch.nproc_per_node
+            torchrun = torchrun_command(
+                config.launch.python, layout, node, nproc, standalone(), ranks
+            )
+            log = str(layout.logs_dir / f"torchrun_{node}.log")
+            job = ArealJob([ProcessSpec("job", torchrun, env, log=log)], {}, nproc, None)
+            tree = None
+        else:
+            job = plan_areal(config, mode, self.name, layout, env, ranks, node)
+            tree = job.tree
+        info = LaunchInfo.for_config(
+            config, run_id, "local", layout.run_dir, job.world_size, [node], mode, job.rank_role
+        )
+        processes = list(job.processes)
         if watchdog:
             sidecar = [config.launch.python, "-m", "areal_watchdog.watch.sidecar"]
             sidecar += ["--run-dir", str(layout.run_dir), "--node", node]
-            processes.append(ProcessSpec("watchdog", sidecar))
+            processes.append(ProcessSpec("watchdog", sidecar, kind="watchdog"))
         return LaunchPlan(
             backend=self.name,
             run_id=run_id,
             run_dir=str(layout.run_dir),
-            files=launch_files(config, info, watchdog),
+            files=launch_files(config, info, watchdog, tree),
             processes=processes,
-            reset_paths=[str(p) for p in stale_state(layout)],
+            reset_paths=[str(p) for p in stale_state(layout)] + job.reset_paths,
+            dirs=job.dirs,
             dir_mode=config.launch.run_dir_mode,
         )
 
@@ -92,7 +102,7 @@ class _LocalRun:
     def __init__(self, plan: LaunchPlan, out: TextIO) -> None:
         self.plan, self.out = plan, out
         self.layout = RunLayout(Path(plan.run_dir))
-        self.node = plan.processes[0].env.get(ENV_NODE, socket.gethostname())
+        self.node = plan.main().env.get(ENV_NODE, socket.gethostname())
         self.sidecar: _Sidecar | None = None
         self.cancelled = False
 
@@ -101,39 +111,35 @@ class _LocalRun:
 
     def run(self) -> int:
         held = prepare_run_dir(self.plan, lock=True)  # released when this process ends
-        log_path = self.layout.logs_dir / f"torchrun_{self.node}.log"
-        log = open_append(log_path)  # closed in the finally below
-        job = start(
-            self.plan.processes[0],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-        )
-        pump = OutputPump(job.stdout, self.out, log)
-        if len(self.plan.processes) > 1:
-            self.sidecar = _Sidecar(self.plan.processes[1], self.out, self.say)
+        services = [_Piped(spec, self.out) for spec in self.plan.of_kind("service")]
+        for spec in self.plan.of_kind("watchdog"):
+            self.sidecar = _Sidecar(spec, self.out, self.say)
         self.say(f"run {self.plan.run_id}: {self.plan.run_dir}")
         interrupts = Interrupts()
         interrupts.on_second = lambda: kill_run_processes(self.plan.run_id)
+        job: _Piped | None = None
         try:
-            self.supervise(job, pump, interrupts)
+            spec = self.plan.main()
+            extra = gate_values(spec.after, services, interrupts, self.say) if spec.after else {}
+            if extra is not None:
+                job = _Piped(spec, self.out, extra)
+                self.supervise(job, interrupts)
         finally:
             interrupts.restore()
-            if job.poll() is None:
-                stop_job(job, self.plan.run_id, grace=1.0 if interrupts.count > 1 else 20.0)
-            pump.thread.join(timeout=5)
-            log.close()
-            recorded = self.record_exit(job.returncode)
+            grace = 1.0 if interrupts.count > 1 else 20.0
+            for piped in [p for p in (job, *services) if p is not None]:
+                piped.stop(self.plan.run_id, grace)
+            returncode = job.proc.returncode if job is not None else 1
+            recorded = self.record_exit(returncode)
             if self.sidecar is not None:  # without the record, only a signal tells it the end
                 self.sidecar.finish(interrupted=interrupts.count > 0 or not recorded)
             if held is not None:
                 os.close(held)
-        return self.exit_code(job.returncode, interrupts.count > 0)
+        return self.exit_code(returncode, interrupts.count > 0)
 
-    def supervise(self, job: subprocess.Popen, pump: OutputPump, interrupts: Interrupts) -> None:
+    def supervise(self, job: _Piped, interrupts: Interrupts) -> None:
         """Until the job ends: act on an interrupt, on the watchdog's cancel, on a dead sidecar."""
-        while job.poll() is None:
+        while job.proc.poll() is None:
             if interrupts.count:
                 self.say("interrupted: stopping the job (again to kill it at once)")
                 record = {"run_id": self.plan.run_id, "time": time.time()}
@@ -142,9 +148,9 @@ class _LocalRun:
                 return
             if not self.cancelled and isinstance(read_json(self.layout.cancel_file), dict):
                 self.cancelled = True
-                pump.mute()
+                job.pump.mute()
                 self.say("the watchdog reported a hang (on_hang=cancel): terminating the job")
-                stop_job(job, self.plan.run_id)
+                stop_job(job.proc, self.plan.run_id)
             if self.sidecar is not None:
                 self.sidecar.keep_alive()
             time.sleep(0.2)
@@ -178,6 +184,69 @@ class _LocalRun:
                 f"job cancelled after a hang: {report.get('category')} -- {report.get('summary')}"
             )
             self.say(f"report: {incident / 'report.md'}")
+
+
+class _Piped:
+    """A started process whose output goes to the terminal and to its log file."""
+
+    def __init__(self, spec: ProcessSpec, out: TextIO, env: dict[str, str] | None = None) -> None:
+        self.spec = replace(spec, env={**spec.env, **(env or {})}) if env else spec
+        self.log = _open_log(spec.log)
+        self.proc = start(
+            self.spec, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            errors="replace",
+        )  # fmt: skip
+        self.pump = OutputPump(self.proc.stdout, out, self.log)
+
+    def stop(self, run_id: str, grace: float) -> None:
+        """End it (and, with it, every process of the run), then close its log."""
+        if self.proc.poll() is None:
+            stop_job(self.proc, run_id, grace=grace)
+        self.pump.thread.join(timeout=5)
+        self.log.close()
+
+
+def _open_log(path: str | None) -> TextIO:
+    """The process's log file for appending (its folder made: AReaL's log folder may not exist
+    before the job writes to it); the null device when the plan names none."""
+    if path is None:
+        return open(os.devnull, "w")  # noqa: SIM115 - closed by _Piped.stop
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return open_append(Path(path))
+
+
+def gate_values(
+    gate: Gate, services: list[_Piped], interrupts: Interrupts, say: Callable[[str], None]
+) -> dict[str, str] | None:
+    """Wait until the gate's name_resolve entries exist; the variable they fill, or None when a
+    service died, the wait timed out or the user interrupted (said on the terminal)."""
+    started = last_said = time.monotonic()
+    say(f"waiting for {gate.count} inference server(s) to register in {gate.directory}")
+    while not interrupts.count:
+        values = registered(Path(gate.directory))
+        if len(values) >= gate.count:
+            say(f"{gate.env_var}={','.join(values)}")
+            return {gate.env_var: ",".join(values)}
+        dead = [p.spec.name for p in services if p.proc.poll() is not None]
+        waited = time.monotonic() - started
+        if dead or waited > gate.timeout:
+            why = f"{', '.join(dead)} exited" if dead else f"not there after {gate.timeout:g} s"
+            say(f"cannot start the job: {gate.count} server(s) expected in {gate.directory}, {why}")
+            return None
+        if time.monotonic() - last_said > 30:
+            last_said = time.monotonic()
+            say(f"still waiting for the inference servers ({waited:.0f} s)")
+        time.sleep(0.5)
+    return None
+
+
+def registered(directory: Path) -> list[str]:
+    """The values of AReaL name_resolve entries under ``directory`` (``*/ENTRY`` files)."""
+    values = []
+    for entry in sorted(directory.glob("*/ENTRY")):
+        with contextlib.suppress(OSError):
+            values.append(entry.read_text().strip())
+    return [v for v in values if v]
 
 
 class _Sidecar:

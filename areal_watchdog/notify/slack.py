@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from areal_watchdog.common.rankset import format_ranks
+from areal_watchdog.common.rankset import format_ranks, worker_label
 
 MAX_BLOCKS = 50
 MAX_SECTION_CHARS = 3000
@@ -64,9 +64,9 @@ def _head_blocks(report: dict[str, Any], name: str) -> list[dict[str, Any]]:
     ]
     if report.get("cause"):
         facts.append(("Cause", report["cause"]))
-    workers = [w.get("address") or w.get("role") for w in report.get("culprit_workers") or []]
+    workers = [worker_label(w) for w in report.get("culprit_workers") or []]
     if workers:
-        facts.append(("Culprit workers", ", ".join(str(w) for w in workers)))
+        facts.append(("Culprit workers", "; ".join(workers)))
     fields = [{"type": "mrkdwn", "text": _clip(f"*{k}*\n{v}", 2000)} for k, v in facts[:10]]
     header = _clip(f"{report['category']} in {name}", MAX_HEADER_CHARS)
     return [

@@ -17,20 +17,22 @@ preparing what the watchdog needs from inside the rank:
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import faulthandler
 import os
 import runpy
 import socket
 import sys
 import time
-import traceback
 from pathlib import Path
 
-from areal_watchdog.common.atomic import open_append, write_json_atomic
-from areal_watchdog.common.redact import Redactor
+from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.evidence.flight_recorder import ENV_FLIGHT_RECORDER, start_listener
 from areal_watchdog.rank import task_listener
+from areal_watchdog.rank.arming import (
+    allow_any_tracer,
+    arm_stack_dump,
+    exit_code,
+    exit_record,
+)
 from areal_watchdog.rundir.layout import (
     COOPERATIVE_SIGNAL,
     ENV_NODE,
@@ -39,28 +41,10 @@ from areal_watchdog.rundir.layout import (
     RunLayout,
 )
 
-_PR_SET_PTRACER = 0x59616D61
-_PR_SET_PTRACER_ANY = -1
-
-
-def _allow_any_tracer() -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(
-            _PR_SET_PTRACER, ctypes.c_ulong(_PR_SET_PTRACER_ANY & 0xFFFFFFFFFFFFFFFF), 0, 0, 0
-        )
-    except (OSError, AttributeError):
-        pass
-
 
 def _register(layout: RunLayout, rank: int) -> object | None:
     """Write the registration file and arm the cooperative dump; return the open stack file."""
-    try:
-        layout.ranks_dir.mkdir(parents=True, exist_ok=True)
-        stack_file = open_append(layout.stack_file(rank))
-        faulthandler.register(COOPERATIVE_SIGNAL, file=stack_file, all_threads=True, chain=False)
-    except (OSError, ValueError, RuntimeError):
-        stack_file = None
+    stack_file = arm_stack_dump(layout.stack_file(rank))
     record = {
         "run_id": os.environ.get(ENV_RUN_ID, ""),
         "rank": rank,
@@ -77,15 +61,9 @@ def _register(layout: RunLayout, rank: int) -> object | None:
     return stack_file
 
 
-def scrub(text: str) -> str:
-    """The rank's own secrets (its environment) out of what it records."""
-    return Redactor.from_environment().scrub(text)
-
-
-def _record_exit(layout: RunLayout, rank: int, **fields: object) -> None:
-    record = {"rank": rank, "pid": os.getpid(), "time": time.time(), **fields}
+def _record_exit(layout: RunLayout, rank: int, record: dict[str, object]) -> None:
     with contextlib.suppress(OSError):
-        write_json_atomic(layout.exit_record(rank), record)
+        write_json_atomic(layout.exit_record(rank), {"rank": rank, **record})
 
 
 def _run_entrypoint(entry: str, args: list[str]) -> None:
@@ -99,14 +77,6 @@ def _run_entrypoint(entry: str, args: list[str]) -> None:
         runpy.run_module(entry, run_name="__main__", alter_sys=True)
 
 
-def _exit_code(code: object) -> int:
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    return 1
-
-
 def main(argv: list[str] | None = None) -> None:
     """Run ``argv[0]`` (script or module) with ``argv[1:]`` as its arguments, watched."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -117,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     rank = int(os.environ.get("RANK", "0"))
     layout = RunLayout(Path(watch_dir).parent) if watch_dir else None
     if layout is not None:
-        _allow_any_tracer()
+        allow_any_tracer()
         _register(layout, rank)
         if os.environ.get(ENV_FLIGHT_RECORDER) == "1":
             start_listener(layout, rank)
@@ -126,22 +96,14 @@ def main(argv: list[str] | None = None) -> None:
         _run_entrypoint(entry, args)
     except SystemExit as exc:
         if layout is not None:
-            _record_exit(layout, rank, kind="exit", code=_exit_code(exc.code))
+            _record_exit(layout, rank, exit_record("exit", exit_code(exc.code)))
         raise
     except BaseException as exc:
         if layout is not None:
-            _record_exit(
-                layout,
-                rank,
-                kind="exception",
-                code=1,
-                exc_type=type(exc).__name__,
-                message=scrub(str(exc))[:2000],  # scrubbed before the cut: no half secrets
-                traceback=scrub("".join(traceback.format_exception(exc)))[-8000:],
-            )
+            _record_exit(layout, rank, exit_record("exception", 1, exc))
         raise
     if layout is not None:
-        _record_exit(layout, rank, kind="returned", code=0)
+        _record_exit(layout, rank, exit_record("returned", 0))
 
 
 if __name__ == "__main__":

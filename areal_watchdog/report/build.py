@@ -2,7 +2,8 @@
 
 Layout of one incident: ``<run_dir>/incidents/<incident_id>/`` with ``report.json``,
 ``report.md``, ``evidence.json`` (everything gathered, replayable into the classifier),
-``stacks/rank_<r>.txt`` and ``logs/rank_<r>.txt``. The schema is ``schema.json`` beside
+``stacks/rank_<r>.txt`` and ``logs/rank_<r>.txt`` (``<role>_<index>_pid<pid>.txt`` for the
+parts of an AReaL job that are not ranks). The schema is ``schema.json`` beside
 this module and is documented in ``docs/report-schema.md``.
 """
 
@@ -17,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from areal_watchdog.config.model import OnHang
-from areal_watchdog.diagnose.classify import Verdict, work_thread
+from areal_watchdog.diagnose.classify import Activity, Verdict, work_thread
 from areal_watchdog.evidence.model import EXITED, Evidence, RankEvidence
 from areal_watchdog.watch.triggers import Trigger
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SERVER_FIELDS = ("address", "state", "health_s", "running", "queued", "gen_throughput", "paused")
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 
@@ -93,7 +94,10 @@ def build_report(
             "world_size": ctx.world_size,
             "run_dir": ctx.run_dir,
         },
-        "ranks": [_rank_entry(r, verdict) for r in evidence.ranks],
+        "ranks": [_rank_entry(r, verdict.activities.get(r.rank)) for r in evidence.ranks],
+        "workers": [
+            _rank_entry(w, verdict.worker_activities.get(w.pid or 0)) for w in evidence.workers
+        ],
         "groups": [
             {"signature": g.signature, "where": g.where, "kind": g.kind, "ranks": g.ranks}
             for g in verdict.groups
@@ -113,12 +117,13 @@ def build_report(
     }
 
 
-def _rank_entry(rank: RankEvidence, verdict: Verdict) -> dict[str, Any]:
-    """One rank as the classifier saw it: the thread it judged and where that thread waits."""
+def _rank_entry(rank: RankEvidence, activity: Activity | None) -> dict[str, Any]:
+    """One process as the classifier saw it: the thread it judged and where that thread waits;
+    AReaL's role and worker index where known."""
     thread = work_thread(rank)
-    activity = verdict.activities.get(rank.rank)
     entry: dict[str, Any] = {
         "rank": rank.rank,
+        **{k: v for k, v in _identity(rank).items() if v is not None},
         "node": rank.node,
         "pid": rank.pid,
         "state": rank.state,
@@ -144,6 +149,15 @@ def _rank_entry(rank: RankEvidence, verdict: Verdict) -> dict[str, Any]:
     if rank.cpu_utilization is not None:
         entry["cpu_utilization"] = round(rank.cpu_utilization, 3)
     return entry
+
+
+def _identity(process: RankEvidence) -> dict[str, Any]:
+    return {
+        "role": process.role,
+        "index": process.worker_index,
+        "address": process.address,
+        "pending_tasks": len(process.tasks) if process.tasks else None,
+    }
 
 
 def load_schema() -> dict[str, Any]:

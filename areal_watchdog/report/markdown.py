@@ -5,18 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from areal_watchdog.common.rankset import format_ranks
+from areal_watchdog.common.rankset import format_ranks, worker_label
 from areal_watchdog.report.build import SERVER_FIELDS
 
 
 def _worker_lines(report: dict[str, Any]) -> list[str]:
     """The cause and the culprits that are not ranks (inference servers, AReaL workers)."""
     lines = [f"- Cause: `{report['cause']}`"] if report.get("cause") else []
-    workers = [
-        " ".join(str(w[k]) for k in ("role", "index", "address", "node", "pid") if w.get(k))
-        + (f" ({w['state']})" if w.get("state") else "")
-        for w in report.get("culprit_workers") or []
-    ]
+    workers = [worker_label(w) for w in report.get("culprit_workers") or []]
     if workers:
         lines.append(f"- Culprit workers: {'; '.join(workers)}")
     return lines
@@ -36,7 +32,7 @@ def _server_lines(report: dict[str, Any]) -> list[str]:
 
 def render_markdown(report: dict[str, Any]) -> str:
     """A report a person reads first: verdict, groups, ranks, then where the files are."""
-    sections = (_header, _groups, _ranks, _server_lines, _collectives, _replay, _files)
+    sections = (_header, _groups, _ranks, _workers, _server_lines, _collectives, _replay, _files)
     return "\n".join(line for section in sections for line in section(report)) + "\n"
 
 
@@ -77,12 +73,38 @@ def _ranks(report: dict[str, Any]) -> list[str]:
     ]
     for rank in report["ranks"]:
         state = rank["state"] + (f" ({rank['exit_code']})" if "exit_code" in rank else "")
+        role = (
+            f" ({rank['role']} {rank.get('index', '')})".replace(" )", ")")
+            if "role" in rank
+            else ""
+        )
         lines.append(
-            f"| {rank['rank']} | {rank['node']} | {rank['pid']} | {state} | "
+            f"| {rank['rank']}{role} | {rank['node']} | {rank['pid']} | {state} | "
             f"{rank['evidence_method']} | {rank.get('thread') or '-'} | `{rank['where']}` |"
         )
     if report.get("unanswered_nodes"):
         lines += ["", f"Nodes that did not answer: {', '.join(report['unanswered_nodes'])}"]
+    return lines
+
+
+def _workers(report: dict[str, Any]) -> list[str]:
+    """The parts of an AReaL job that are not ranks: what each was doing."""
+    workers = report.get("workers") or []
+    if not workers:
+        return []
+    lines = [
+        "",
+        "## Other processes of the job",
+        "",
+        "| role | index | node | pid | state | tasks | thread | where |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for w in workers:
+        index = w.get("index", w.get("address", "-"))
+        lines.append(
+            f"| {w.get('role', '-')} | {index} | {w['node']} | {w['pid']} | {w['state']} | "
+            f"{w.get('pending_tasks', 0)} | {w.get('thread') or '-'} | `{w['where']}` |"
+        )
     return lines
 
 

@@ -25,14 +25,15 @@ def write_incident(
         _chmod_dir(path, dir_mode)
     clean_evidence = redactor.scrub_tree(evidence.to_dict())
     write_json_atomic(incident_dir / "evidence.json", clean_evidence, mode=file_mode)
-    for rank in evidence.ranks:
-        stacks = redactor.scrub(_stack_text(rank))
-        write_text_atomic(incident_dir / "stacks" / f"rank_{rank.rank}.txt", stacks, mode=file_mode)
-        tail = rank.log_tail or ""
-        if rank.exit is not None and rank.exit.traceback:
-            tail = f"{tail}\n--- traceback ---\n{rank.exit.traceback}"
+    for process in evidence.processes():
+        name = f"{file_stem(process)}.txt"
+        stacks = redactor.scrub(_stack_text(process))
+        write_text_atomic(incident_dir / "stacks" / name, stacks, mode=file_mode)
+        tail = process.log_tail or ""
+        if process.exit is not None and process.exit.traceback:
+            tail = f"{tail}\n--- traceback ---\n{process.exit.traceback}"
         if tail.strip():
-            log_path = incident_dir / "logs" / f"rank_{rank.rank}.txt"
+            log_path = incident_dir / "logs" / name
             write_text_atomic(log_path, redactor.scrub(tail), mode=file_mode)
     write_text_atomic(incident_dir / "report.md", render_markdown(report), mode=file_mode)
     write_json_atomic(incident_dir / "report.json", report, fsync=True, mode=file_mode)
@@ -56,9 +57,17 @@ def _chmod_dir(path: Path, mode: int) -> None:
         os.close(fd)
 
 
+def file_stem(process: RankEvidence) -> str:
+    """``rank_3`` for a rank; ``rollout_0_pid1234``, ``controller_pid1200`` for the others."""
+    if process.rank is not None:
+        return f"rank_{process.rank}"
+    index = "" if process.worker_index is None else f"_{process.worker_index}"
+    return f"{process.role or 'process'}{index}_pid{process.pid}"
+
+
 def _stack_text(rank: RankEvidence) -> str:
     lines = [
-        f"rank {rank.rank} pid {rank.pid} node {rank.node} state {rank.state} "
+        f"{rank.label()} pid {rank.pid} node {rank.node} state {rank.state} "
         f"via {rank.evidence_method}"
     ]
     if rank.error:

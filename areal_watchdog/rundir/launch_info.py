@@ -28,6 +28,8 @@ class LaunchInfo:
     watchdog: WatchdogSection
     trajectory_dir: str | None = None
     job_id: str | None = None
+    mode: str = "torchrun"  # torchrun | single_controller | spmd (config.model.LAUNCH_MODES)
+    rank_role: str | None = None  # single controller: the AReaL role whose workers are ranks
 
     @classmethod
     def for_config(
@@ -38,9 +40,13 @@ class LaunchInfo:
         run_dir: Path,
         world_size: int,
         nodes: list[str],
+        mode: str = "torchrun",
+        rank_role: str | None = None,
     ) -> LaunchInfo:
         """What a launch of ``config`` tells its sidecars."""
         return cls(
+            mode=mode,
+            rank_role=rank_role,
             run_id=run_id,
             backend=backend,
             run_dir=str(run_dir),

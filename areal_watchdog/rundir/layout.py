@@ -13,6 +13,8 @@ from pathlib import Path
 ENV_RUN_ID = "AREAL_WATCHDOG_RUN_ID"
 ENV_WATCH_DIR = "AREAL_WATCHDOG_DIR"
 ENV_NODE = "AREAL_WATCHDOG_NODE"
+ENV_JOB_CONFIG = "AREAL_WATCHDOG_JOB_CONFIG"  # the controller is the process that holds it
+ENV_RANK_ROLE = "AREAL_WATCHDOG_RANK_ROLE"  # the AReaL role whose workers are the ranks (actor)
 # The signal a rank's faulthandler answers with its stacks (ignored by default: a stray one
 # harms nothing). It is part of the contract, never read from a file.
 COOPERATIVE_SIGNAL = signal.SIGURG
@@ -108,6 +110,7 @@ class RunLayout:
             self.status_dir,
             self.incidents_dir,
             self.flight_recorder_dir,
+            self.procs_dir,
         ]
 
     @property
@@ -132,6 +135,18 @@ class RunLayout:
 
     def stack_file(self, rank: int) -> Path:
         return self.ranks_dir / f"rank_{rank}.stacks.txt"
+
+    @property
+    def procs_dir(self) -> Path:
+        """Cooperative stack files and exit records of the processes the ``sitecustomize``
+        hook arms (AReaL's controller, workers and servers), by pid."""
+        return self.watch_dir / "procs"
+
+    def process_stack_file(self, pid: int) -> Path:
+        return self.procs_dir / f"{pid}.stacks.txt"
+
+    def process_exit_record(self, pid: int) -> Path:
+        return self.procs_dir / f"{pid}.exit.json"
 
     def heartbeat(self, rank: int) -> Path:
         return self.heartbeats_dir / f"rank_{rank}.json"

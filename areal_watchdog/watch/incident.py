@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 
 from areal_watchdog.common.atomic import write_json_atomic
-from areal_watchdog.common.rankset import format_ranks
+from areal_watchdog.common.rankset import culprits_phrase
 from areal_watchdog.common.redact import SECRET_NAME, Redactor
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.evidence.gather import GatherSettings
@@ -42,16 +42,19 @@ HANG_TRIGGERS = (Trigger.STALL, Trigger.GPU_IDLE, Trigger.RANK_EXITED, Trigger.N
 
 @dataclass
 class LocalEvidence:
-    """One node's share: its ranks, their Flight Recorder traces, the servers it probed."""
+    """One node's share: its ranks and other processes, the ranks' Flight Recorder traces, the
+    servers it probed."""
 
     ranks: list[RankEvidence]
     traces: dict[str, dict[str, Any]]
     servers: list[dict[str, Any]]
+    workers: list[RankEvidence] = field(default_factory=list)
     flight_recorder_s: float = 0.0
 
     def to_answer(self) -> dict[str, Any]:
         return {
             "ranks": [asdict(r) for r in self.ranks],
+            "workers": [asdict(w) for w in self.workers],
             "flight_records": self.traces,
             "servers": self.servers,
         }
@@ -69,14 +72,26 @@ def job_secrets(pids: list[int]) -> list[str]:
 
 
 def local_evidence(info: LaunchInfo, watch: NodeWatch) -> LocalEvidence:
-    """This node's ranks: stacks, then Flight Recorder traces, then rollout tasks and servers."""
+    """This node's processes: stacks, then Flight Recorder traces, then rollout tasks and
+    servers."""
     wd = info.watchdog
-    ranks = watch.evidence(GatherSettings(wd.stack_method, wd.dump_timeout))
+    settings = GatherSettings(wd.stack_method, wd.dump_timeout)
+    ranks = watch.evidence(settings)
+    workers = watch.worker_evidence(settings)
     started = time.perf_counter()
     traces = watch.flight_records(FLIGHT_RECORDER_TIMEOUT) if wd.flight_recorder else {}
     took = time.perf_counter() - started
-    servers = watch.rollout(ranks, ROLLOUT_TIMEOUT)
-    return LocalEvidence(ranks, traces, servers, took)
+    servers = watch.rollout([*ranks, *workers], ROLLOUT_TIMEOUT)
+    return LocalEvidence(ranks, traces, servers, workers, took)
+
+
+def _with_owners(servers: list[dict[str, Any]], workers: list[RankEvidence]) -> list[dict]:
+    """Each probed server with the node and pid of the process serving it, where known."""
+    by_address = {w.address: w for w in workers if w.address}
+    return [
+        {**s, "node": w.node, "pid": w.pid} if (w := by_address.get(s.get("address"))) else s
+        for s in servers
+    ]
 
 
 @dataclass
@@ -131,8 +146,8 @@ class Incidents:
         redactor = self.notifier.redactor.with_values(job_secrets(self.watch.pids()))
         report = redactor.scrub_tree(report)  # once, for the files and the messages alike
         self.notifier.submit(report)  # first: a message needs no disk
-        culprits = format_ranks(verdict.culprit_ranks) or "none named"
-        verdict_line = f"{verdict.category}, culprit ranks {culprits}: {report['summary']}"
+        culprits = culprits_phrase(verdict.culprit_ranks, verdict.culprit_workers)
+        verdict_line = f"{verdict.category}, {culprits}: {report['summary']}"
         self.pending.append(_Unwritten(report, evidence, redactor, action == "cancel"))
         if not self.write_pending():
             self.say(f"verdict (report not on disk yet, retried every poll): {verdict_line}")
@@ -152,10 +167,11 @@ class Incidents:
                 return False
             self.pending.pop(0)
             self.written.append(path)
-            culprits = format_ranks(item.report["culprit_ranks"]) or "none named"
+            report = item.report
+            culprits = culprits_phrase(report["culprit_ranks"], report["culprit_workers"])
             self.say(
-                f"report written: {path / 'report.md'} -- {item.report['category']}, culprit "
-                f"ranks {culprits}: {item.report['summary']}"
+                f"report written: {path / 'report.md'} -- {report['category']}, {culprits}: "
+                f"{report['summary']}"
             )
         return True
 
@@ -170,9 +186,10 @@ class Incidents:
             if peers
             else {}
         )
-        ranks, traces, servers = mine.ranks, mine.traces, mine.servers
+        ranks, workers, traces, servers = mine.ranks, mine.workers, mine.traces, mine.servers
         for answer in answers.values():
             ranks += [Evidence.rank_from_dict(r) for r in answer.get("ranks", [])]
+            workers += [Evidence.rank_from_dict(w) for w in answer.get("workers", [])]
             traces.update(answer.get("flight_records") or {})
             servers += [s for s in answer.get("servers") or [] if s not in servers]
         ranks += self.missing_ranks(ranks, statuses)
@@ -183,7 +200,8 @@ class Incidents:
             unanswered_nodes=sorted(set(peers) - set(answers) | set(lost)),
             lost_nodes=sorted(lost),
             flight_records=traces,
-            servers=servers,
+            servers=_with_owners(servers, workers),
+            workers=workers,
         )
         return evidence, mine.flight_recorder_s
 

@@ -1,5 +1,6 @@
-"""One node's rank processes as the sidecar sees them: which live, which died, how busy they are,
-and their evidence when asked."""
+"""One node's part of the job as the sidecar sees it: which ranks and other processes (an AReaL
+controller, workers, inference servers) live, which ended, how busy they are, and their evidence
+when asked."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from typing import Any
 
 import psutil
 
-from areal_watchdog.evidence.discovery import RankProcess, discover
+from areal_watchdog.evidence.discovery import JobProcess, Scope, discover
 from areal_watchdog.evidence.flight_recorder import collect
-from areal_watchdog.evidence.gather import GatherSettings, gather_node
+from areal_watchdog.evidence.gather import GatherSettings, gather_node, gather_workers
 from areal_watchdog.evidence.gpu import GpuBackend, IdleTracker, NoGpu
 from areal_watchdog.evidence.model import RankEvidence
 from areal_watchdog.evidence.rollout import gather_rollout
@@ -23,80 +24,122 @@ MIN_CPU_WINDOW = 0.2  # seconds of CPU accounting behind a utilisation figure
 
 
 @dataclass
-class _RankWatch:
-    proc: RankProcess
+class _Watched:
+    proc: JobProcess
     handle: psutil.Process
     last_cpu: float
     last_sample: float
     utilization: float | None = None
 
+    @classmethod
+    def start(cls, proc: JobProcess, now: float) -> _Watched | None:
+        try:
+            handle = psutil.Process(proc.pid)
+            return cls(proc, handle, sum(handle.cpu_times()[:2]), now)
+        except psutil.Error:
+            return None
+
+    def sample(self, now: float) -> bool:
+        """Update the CPU use; False once the process is gone."""
+        try:
+            if not self.handle.is_running() or self.handle.status() == psutil.STATUS_ZOMBIE:
+                return False
+            cpu = sum(self.handle.cpu_times()[:2])
+        except psutil.Error:
+            return False
+        elapsed = now - self.last_sample
+        if elapsed >= MIN_CPU_WINDOW:  # shorter windows give noisy utilisation
+            self.utilization = (cpu - self.last_cpu) / elapsed
+            self.last_cpu, self.last_sample = cpu, now
+        return True
+
 
 @dataclass
 class NodeWatch:
-    """The ranks of run ``run_id`` on ``node``."""
+    """The processes of one run on one node: ranks by rank, other parts by pid."""
 
     layout: RunLayout
-    run_id: str
-    node: str
+    scope: Scope
     expected: int  # ranks this node should have
     log: Callable[[str], None] = lambda _m: None
     gpu_backend: GpuBackend = field(default_factory=NoGpu)
     gpus: IdleTracker = field(default_factory=IdleTracker)
-    live: dict[int, _RankWatch] = field(default_factory=dict)
-    gone: dict[int, RankProcess] = field(default_factory=dict)
+    live: dict[int, _Watched] = field(default_factory=dict)
+    gone: dict[int, JobProcess] = field(default_factory=dict)
+    workers: dict[int, _Watched] = field(default_factory=dict)
+    workers_gone: dict[int, JobProcess] = field(default_factory=dict)
     polls: int = 0
-    world_size: int | None = None  # ranks beyond it are forged records, never watched
+
+    @property
+    def node(self) -> str:
+        return self.scope.node
 
     def refresh(self, now: float, force: bool = False) -> None:
-        """Find new rank processes (a full scan only now and then) and sample the known ones."""
+        """Find new processes (a full scan only now and then) and sample the known ones."""
         self.polls += 1
         if force or len(self.live) < self.expected or self.polls % DISCOVERY_EVERY == 1:
-            for rank, proc in discover(
-                self.layout, self.run_id, self.node, self.world_size
-            ).items():
-                if rank in self.gone and self.gone[rank].pid == proc.pid:
-                    continue  # a zombie not yet reaped by torchrun
-                if rank in self.live and self.live[rank].proc.pid == proc.pid:
-                    self.live[rank].proc = proc  # the registration may have arrived since
-                    continue
-                try:
-                    handle = psutil.Process(proc.pid)
-                    cpu = sum(handle.cpu_times()[:2])
-                except psutil.Error:
-                    continue
-                self.live[rank] = _RankWatch(proc, handle, cpu, now)
-        for rank, watch in list(self.live.items()):
-            try:
-                if not watch.handle.is_running() or watch.handle.status() == psutil.STATUS_ZOMBIE:
-                    raise psutil.NoSuchProcess(watch.proc.pid)
-                cpu = sum(watch.handle.cpu_times()[:2])
-            except psutil.Error:
-                self.gone[rank] = watch.proc
+            found = discover(self.layout, self.scope)
+            for rank, proc in found.ranks.items():
+                self._adopt(self.live, self.gone, rank, proc, now)
+            for pid, proc in found.workers.items():
+                self._adopt(self.workers, self.workers_gone, pid, proc, now)
+        for rank, watched in list(self.live.items()):
+            if not watched.sample(now):
+                self.gone[rank] = watched.proc
                 del self.live[rank]
-                self.log(f"rank {rank} (pid {watch.proc.pid}) exited; {len(self.live)} alive here")
-                continue
-            elapsed = now - watch.last_sample
-            if elapsed >= MIN_CPU_WINDOW:  # shorter windows give noisy utilisation
-                watch.utilization = (cpu - watch.last_cpu) / elapsed
-                watch.last_cpu, watch.last_sample = cpu, now
+                self.log(f"{watched.proc.label()} (pid {watched.proc.pid}) exited; "
+                         f"{len(self.live)} ranks alive here")  # fmt: skip
+        for pid, watched in list(self.workers.items()):
+            if not watched.sample(now):
+                self.workers_gone[pid] = watched.proc
+                del self.workers[pid]
+                self.log(f"{watched.proc.label()} (pid {pid}) exited")
+
+    @staticmethod
+    def _adopt(
+        live: dict[int, _Watched], gone: dict[int, JobProcess], key: int, proc: JobProcess,
+        now: float,
+    ) -> None:  # fmt: skip
+        if key in gone and gone[key].pid == proc.pid:
+            return  # a zombie not yet reaped by its parent
+        if key in live and live[key].proc.pid == proc.pid:
+            live[key].proc = proc  # the registration may have arrived since
+            return
+        watched = _Watched.start(proc, now)
+        if watched is not None:
+            live[key] = watched
 
     def all_gone(self) -> None:
         """The node's job ended: whatever is still listed is gone too."""
-        for rank, watch in list(self.live.items()):
-            self.gone[rank] = watch.proc
+        for rank, watched in list(self.live.items()):
+            self.gone[rank] = watched.proc
         self.live.clear()
+        for pid, watched in list(self.workers.items()):
+            self.workers_gone[pid] = watched.proc
+        self.workers.clear()
 
     def evidence(self, settings: GatherSettings) -> list[RankEvidence]:
         """A stack from every live rank, exit details for the others, GPU state when known."""
         self.refresh(time.time(), force=True)
         live = {r: w.proc for r, w in self.live.items()}
-        cpu = {w.proc.pid: w.utilization for w in self.live.values() if w.utilization is not None}
-        items = gather_node(self.layout, self.node, live, dict(self.gone), cpu, settings)
+        items = gather_node(self.layout, self.node, live, dict(self.gone), self.cpu(), settings)
         by_pid = self.gpus.per_pid()
         by_index = {g["index"]: g for g in by_pid.values()} or self.gpus.per_index()
         for item in items:
             item.gpu = by_pid.get(item.pid) or by_index.get(item.local_rank)
         return items
+
+    def worker_evidence(self, settings: GatherSettings) -> list[RankEvidence]:
+        """A stack from every other live part of the job here, exits of those that ended."""
+        live = [w.proc for w in self.workers.values()]
+        return gather_workers(
+            self.layout, live, list(self.workers_gone.values()), self.cpu(), settings
+        )
+
+    def cpu(self) -> dict[int, float]:
+        """Recent CPU use by pid."""
+        watched = [*self.live.values(), *self.workers.values()]
+        return {w.proc.pid: w.utilization for w in watched if w.utilization is not None}
 
     def sample_gpus(self, now: float) -> None:
         """Sample the node's GPUs (NVML, nvidia-smi, a recording, or nothing)."""
@@ -108,12 +151,18 @@ class NodeWatch:
         self.gpus.update(samples, {w.proc.pid for w in self.live.values()}, now)
 
     def pids(self) -> list[int]:
-        """The live ranks' process ids."""
-        return [w.proc.pid for w in self.live.values()]
+        """Every live process of the job here: the ranks, then the other parts."""
+        return [w.proc.pid for w in (*self.live.values(), *self.workers.values())]
+
+    def servers(self) -> list[str]:
+        """The inference servers found running here (AReaL starts them without name_resolve
+        records in single-controller mode: their command line says where they listen)."""
+        return [w.proc.address for w in self.workers.values() if w.proc.address]
 
     def rollout(self, items: list[RankEvidence], timeout: float) -> list[dict[str, Any]]:
-        """Attach each live rank's pending asyncio tasks; return the inference-server probes."""
-        dumps, servers = gather_rollout(self.layout, self.pids(), timeout)
+        """Attach each live process's pending asyncio tasks; return the inference-server
+        probes."""
+        dumps, servers = gather_rollout(self.layout, self.pids(), self.servers(), timeout)
         for item in items:
             if item.pid in dumps:
                 item.tasks = dumps[item.pid].get("tasks", [])
@@ -125,8 +174,9 @@ class NodeWatch:
         return {str(rank): trace for rank, trace in traces.items()}
 
     def summary(self) -> dict[str, object]:
-        """What the node status file says about the ranks."""
+        """What the node status file says about the processes."""
         return {
             "ranks_alive": {str(r): w.proc.pid for r, w in sorted(self.live.items())},
             "ranks_gone": sorted(self.gone),
+            "workers_alive": sorted(w.proc.label() for w in self.workers.values()),
         }

@@ -19,6 +19,7 @@ from pathlib import Path
 import regex
 
 from areal_watchdog.common.atomic import read_json
+from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
@@ -200,16 +201,21 @@ class StallClock:
         return self.last_progress_at + self.threshold
 
 
-def default_log_patterns(
-    layout: RunLayout, fileroot: str, experiment: str, trial: str
-) -> list[str]:
-    """Rank 0's torchrun logs and AReaL's own log directory for this trial: the launching
-    user's only (``<fileroot>/logs/<user>/...``, the user who owns the run directory), so that
-    another user's files under the shared fileroot can never fake progress."""
-    return [
-        str(layout.torchrun_logs_dir / "*" / "*" / "attempt_*" / "0" / "std*.log"),
-        str(Path(fileroot) / "logs" / _owner_name(layout) / experiment / trial / "*.log"),
-    ]
+def default_log_patterns(layout: RunLayout, info: LaunchInfo) -> list[str]:
+    """Where the step lines are: rank 0's torchrun logs, and the file of AReaL's log directory
+    for this trial that carries StatsLogger's line (``main.log`` from the single controller,
+    ``trainer.log`` from SPMD's global rank 0; any ``*.log`` for a plain script). Only the
+    launching user's directory (``<fileroot>/logs/<user>/...``, the user who owns the run
+    directory), so that another user's files under the shared fileroot can never fake
+    progress."""
+    areal = Path(info.fileroot) / "logs" / _owner_name(layout) / info.experiment_name
+    areal = areal / info.trial_name
+    torchrun = str(layout.torchrun_logs_dir / "*" / "*" / "attempt_*" / "0" / "std*.log")
+    if info.mode == "single_controller":
+        return [str(areal / "main.log")]
+    if info.mode == "spmd":
+        return [torchrun, str(areal / "trainer.log")]
+    return [torchrun, str(areal / "*.log")]
 
 
 def _owner_name(layout: RunLayout) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 
 from areal_watchdog.common.atomic import open_append, read_json, write_json_atomic
 from areal_watchdog.common.redact import Redactor
+from areal_watchdog.evidence.discovery import Scope
 from areal_watchdog.evidence.gpu import GpuBackend, IdleTracker, NoGpu, open_backend
 from areal_watchdog.launch.slurm.node import slurm_nodes
 from areal_watchdog.notify.notifier import Notifier
@@ -73,20 +74,21 @@ class Sidecar:
         self.clock = StallClock(
             wd.stall_timeout, wd.startup_timeout, wd.auto_factor, wd.auto_min_timeout
         )
-        patterns = default_log_patterns(
-            self.layout, self.info.fileroot, self.info.experiment_name, self.info.trial_name
-        )
+        patterns = default_log_patterns(self.layout, self.info)
         self.tail = StepLogTail(patterns + list(wd.log_files), wd.step_regex)
         specs = [SinkSpec.from_dict(d) for d in wd.notify]
         self.notifier = Notifier(
             specs, self.layout.spool_dir, Redactor.from_environment(), self.log,
             wd.spool_retry_interval, say=self.say,
         )  # fmt: skip
+        scope = Scope(
+            self.info.run_id, self.node, self.info.world_size, self.info.rank_role,
+            str(self.layout.job_config),
+        )  # fmt: skip
         self.watch = NodeWatch(
-            self.layout, self.info.run_id, self.node, self.info.nproc_per_node, self.log,
+            self.layout, scope, self.info.nproc_per_node, self.log,
             gpu_backend=self.open_gpus(),
             gpus=IdleTracker(wd.gpu_idle_utilization, wd.gpu_spin_power_fraction),
-            world_size=self.info.world_size,
         )  # fmt: skip
         self.coordinator = Coordinator(
             self.layout, self.info.run_id, self.node, self.nodes, wd.node_timeout

@@ -88,6 +88,7 @@ class SlurmBackend:
                 ProcessSpec(
                     "watchdog: one sidecar per node (the setup lines)",
                     [*prefix, *sidecar_command(config.launch.python, layout)],
+                    kind="watchdog",
                 )
             )
         n_ranks = config.n_nodes * config.launch.nproc_per_node

@@ -1,0 +1,56 @@
+"""GRPO on GSM8K with AReaL 1.0: AReaL's own ``examples/math/gsm8k_rl.py``, one change.
+
+The change: rollouts run ``tool_workflow.ToolRLVRWorkflow`` (AReaL's ``RLVRWorkflow`` plus a
+calculator tool) instead of ``areal.workflow.rlvr.RLVRWorkflow``; everything else is AReaL's
+example as shipped. Run it the way AReaL's docs do, watched::
+
+    areal-launch --watchdog local examples/areal/gsm8k_grpo.yaml
+"""
+
+import sys
+
+from areal import PPOTrainer
+from areal.api.cli_args import GRPOConfig, load_expr_config
+from areal.dataset import get_custom_dataset
+from areal.utils.hf_utils import load_hf_tokenizer
+
+
+def main(args):
+    config, _ = load_expr_config(args, GRPOConfig)
+    tokenizer = load_hf_tokenizer(config.tokenizer_path)
+
+    train_dataset = get_custom_dataset(
+        split="train",
+        dataset_config=config.train_dataset,
+        tokenizer=tokenizer,
+    )
+    valid_dataset = get_custom_dataset(
+        split="test",
+        dataset_config=config.valid_dataset,
+        tokenizer=tokenizer,
+    )
+
+    workflow_kwargs = dict(
+        reward_fn="areal.reward.gsm8k.gsm8k_reward_fn",
+        gconfig=config.gconfig,
+        tokenizer=config.tokenizer_path,
+        enable_thinking=False,
+    )
+    eval_workflow_kwargs = workflow_kwargs.copy()
+    eval_workflow_kwargs["gconfig"] = config.gconfig.new(temperature=0.6)
+
+    with PPOTrainer(
+        config,
+        train_dataset=train_dataset,
+        valid_dataset=valid_dataset,
+    ) as trainer:
+        trainer.train(
+            workflow="tool_workflow.ToolRLVRWorkflow",
+            workflow_kwargs=workflow_kwargs,
+            eval_workflow="tool_workflow.ToolRLVRWorkflow",
+            eval_workflow_kwargs=eval_workflow_kwargs,
+        )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,155 @@
+"""Make everything an AReaL GRPO run needs that would otherwise come from a model hub, offline.
+
+There is no model hub here, so this builds, in a few seconds on a CPU:
+
+- a tokenizer (byte-level BPE trained with the ``tokenizers`` library on the dataset's own text,
+  with Qwen's chat markers ``<|im_start|>``/``<|im_end|>`` and a chat template);
+- a tiny Qwen2 causal LM with random weights (2 layers, hidden size 32), saved with
+  ``save_pretrained`` beside the tokenizer, so ``AutoModelForCausalLM.from_pretrained`` and
+  ``AutoTokenizer.from_pretrained`` load it as they would a real checkpoint;
+- a GSM8K-shaped dataset (``question``/``answer`` ending ``#### N``) in the layout AReaL's
+  ``gsm8k`` loader reads with ``datasets.load_dataset(path, name="main")``;
+- ``site/``: a folder for ``PYTHONPATH`` that holds the ``sglang`` stand-in
+  (``examples/inference_server/fake_sglang``, linked), so AReaL starts our CPU server.
+
+Rows whose ``question`` starts with ``POISON`` are the data-dependent hang of the AReaL demo
+(``examples/areal/check_workflow.py``): ``--poison-from K`` makes rows K, K+1, ... poisoned.
+
+``python make_tiny.py OUT_DIR [--rows N] [--poison-from K] [--poison-count C]``
+prints the paths it made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+POISON = "POISON"
+README = """---
+configs:
+- config_name: main
+  data_files:
+  - split: train
+    path: main/train.jsonl
+  - split: test
+    path: main/test.jsonl
+---
+A GSM8K-shaped toy dataset made offline by areal-watchdog's CPU harness (make_tiny.py).
+"""
+
+
+def rows(count: int, seed: int, poison: range) -> list[dict[str, str]]:
+    """Arithmetic word problems in GSM8K's shape; the rows in ``poison`` are marked."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        a, b = rng.randint(1, 20), rng.randint(1, 20)
+        question = f"Tom has {a} apples and buys {b} more. How many apples does Tom have?"
+        if i in poison:
+            question = f"{POISON} {question}"
+        out.append({"question": question, "answer": f"{a} + {b} = {a + b}\n#### {a + b}"})
+    return out
+
+
+def write_dataset(root: Path, data: list[dict[str, str]]) -> Path:
+    """``root/gsm8k``: AReaL picks its gsm8k loader when the path contains "gsm8k"."""
+    path = root / "gsm8k"
+    (path / "main").mkdir(parents=True, exist_ok=True)
+    (path / "README.md").write_text(README)
+    for split, part in (("train", data), ("test", data[:8])):
+        lines = "".join(json.dumps(row) + "\n" for row in part)
+        (path / "main" / f"{split}.jsonl").write_text(lines)
+    return path
+
+
+def make_tokenizer(texts: list[str]):
+    """A byte-level BPE tokenizer with Qwen's chat markers, trained on ``texts``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    core.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def make_model(tokenizer, path: Path, seed: int) -> None:
+    """A 2-layer Qwen2 with random weights, saved with its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    model = AutoModelForCausalLM.from_config(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+def link_site(root: Path) -> Path:
+    """``root/site``: links to the sglang stand-in package and its version record."""
+    fake = Path(__file__).resolve().parents[2] / "inference_server" / "fake_sglang"
+    site = root / "site"
+    site.mkdir(parents=True, exist_ok=True)
+    for item in fake.iterdir():
+        link = site / item.name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(item)
+    return site
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--poison-from", type=int, default=None)
+    parser.add_argument("--poison-count", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    start = args.poison_from
+    poison = range(start, start + args.poison_count) if start is not None else range(0)
+    data = rows(args.rows, args.seed, poison)
+    dataset = write_dataset(args.out, data)
+    texts = [r["question"] + "\n" + r["answer"] for r in data] + [CHAT_TEMPLATE]
+    model = args.out / "tiny-qwen2"
+    make_model(make_tokenizer(texts), model, args.seed)
+    site = link_site(args.out)
+    print(json.dumps({"model": str(model), "dataset": str(dataset), "site": str(site)}))
+
+
+if __name__ == "__main__":
+    main()
