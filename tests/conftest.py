@@ -82,9 +82,12 @@ class Launcher:
         args: tuple[str, ...] = ("--watchdog",),
         backend: str = "local",
         env: dict[str, str] | None = None,
+        prefix: list[str] | tuple[str, ...] = (),
     ) -> tuple[subprocess.Popen, Path]:
-        """Start ``areal-launch`` and return it with the run directory it will use."""
+        """Start ``areal-launch`` (after ``prefix``, a wrapper command) and return it with the
+        run directory it will use."""
         cmd = [
+            *prefix,
             sys.executable,
             "-m",
             "areal_watchdog.cli",

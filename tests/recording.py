@@ -1,7 +1,7 @@
 """Keep what a real hang left behind as a regression fixture, when asked to.
 
 ``AREAL_RECORD_FIXTURES=1 pytest -m slow tests/test_collective_evidence.py
-tests/test_engine_worker.py`` copies each real hang's ``evidence.json`` to
+tests/test_engine_worker.py tests/test_areal.py`` copies each real hang's ``evidence.json`` to
 ``tests/data/evidence/<name>.json`` and its Flight Recorder dumps to
 ``tests/data/flight_recorder/<set>/``; without the variable nothing is written.
 """
@@ -16,10 +16,10 @@ DATA = Path(__file__).parent / "data"
 RECORDING = os.environ.get("AREAL_RECORD_FIXTURES") == "1"
 
 
-def record_evidence(report: dict, name: str) -> None:
-    """Copy the incident's evidence.json as ``tests/data/evidence/<name>.json``."""
+def record_evidence(report: dict, name: str, folder: str = "evidence") -> None:
+    """Copy the incident's evidence.json as ``tests/data/<folder>/<name>.json``."""
     if RECORDING:
-        shutil.copyfile(report["files"]["evidence"], DATA / "evidence" / f"{name}.json")
+        shutil.copyfile(report["files"]["evidence"], DATA / folder / f"{name}.json")
 
 
 def record_dumps(dump_dir: Path, set_name: str) -> None:
