@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from recording import record_evidence
 
-from areal_watchdog.diagnose.classify import classify, work_thread
+from areal_watchdog.diagnose.classify import classify, describe, work_thread
 from areal_watchdog.evidence.model import BLOCKED, Evidence, Frame, RankEvidence, ThreadStack
 from areal_watchdog.evidence.pyspy import dump_pyspy, parse_pyspy_json
 from conftest import REPO, Launcher
@@ -96,11 +96,16 @@ def test_the_worker_thread_in_a_collective_is_judged_not_the_serving_main_thread
     assert work_thread(ranks[2]).name == "EngineWorker"
 
 
-def test_a_busy_worker_thread_beats_a_serving_main_thread_only_when_active() -> None:
+def test_a_busy_worker_thread_beats_a_serving_main_thread() -> None:
+    """An active thread beats a main thread that only serves; an idle one only if it is
+    AReaL's EngineWorker, and then the rank is said to be idle, not serving requests."""
     busy = in_thread("EngineWorker", ("compute", USER, 80), active=True)
     assert work_thread(rank_with(SERVING, busy)).name == "EngineWorker"
     idle = in_thread("EngineWorker", ("get", "/usr/lib/python3.11/queue.py", 171), active=False)
-    assert work_thread(rank_with(SERVING, idle)).name == "MainThread"
+    assert work_thread(rank_with(SERVING, idle)).name == "EngineWorker"
+    assert describe(rank_with(SERVING, idle)).kind == "idle"
+    other = in_thread("Thread-3", ("get", "/usr/lib/python3.11/queue.py", 171), active=False)
+    assert work_thread(rank_with(SERVING, other)).name == "MainThread"
     ours = in_thread("areal-flight-recorder", ("all_reduce", TORCH, 1))
     assert work_thread(rank_with(SERVING, ours)).name == "MainThread"
     # faulthandler names no thread but the main one: the listener is known by its frames

@@ -95,6 +95,10 @@ CLEANUP_HINT = re.compile(r"(cleanup|clean_up|teardown|shutdown|finali[sz]e|dest
 BACKWARD_OPS = frozenset({"backward", "_engine_run_backward", "run_backward"})
 DATALOADER_OPS = frozenset({"__next__", "_next_data", "_get_data", "_try_get_data"})
 DISTRIBUTED_CALLS = COLLECTIVE_OPS | P2P_OPS | INIT_OPS
+# Library waits with no user code above them: a thread with nothing to do (AReaL's idle
+# EngineWorker waits in Queue.get), not a rank at work.
+IDLE_WAITS = frozenset({"wait", "get", "select", "poll", "sleep", "accept", "_worker"})
+ENGINE_THREAD = "EngineWorker"  # AReaL's rpc_server runs all engine work in this thread
 ROLLOUT_CALLS = frozenset(
     {"prepare_batch", "wait_results", "active_submit_and_wait", "rollout_batch"}
 )
@@ -164,6 +168,7 @@ def classify(evidence: Evidence) -> Verdict:
     _weigh_collectives(verdict, evidence)
     nodes = {r.rank: r.node for r in evidence.ranks}
     culprit_nodes = {nodes[r] for r in verdict.culprit_ranks if nodes.get(r)}
+    culprit_nodes |= {w["node"] for w in verdict.culprit_workers if w.get("node")}
     if verdict.category == "node_lost":
         culprit_nodes |= set(evidence.lost_nodes)
     verdict.culprit_nodes = sorted(culprit_nodes)
@@ -269,6 +274,8 @@ def describe(rank: RankEvidence) -> Activity:
         op, kind = _bare(rollout[-1].name), "rollout"
     elif kind == "running" and user_frames:
         op = user_frames[0].name
+    elif kind == "running" and frames and _bare(frames[0].name) in IDLE_WAITS:
+        op, kind = f"idle, waiting for work ({frames[0].name})", "idle"
     if any(
         _bare(f.name) in CLEANUP_NAMES or CLEANUP_HINT.search(f.name) for f in user_frames
     ) or any(f.name == "destroy_process_group" for f in frames):
@@ -302,8 +309,9 @@ def work_thread(rank: RankEvidence) -> ThreadStack | None:
         return best
     if main is not None and _serving(main):
         busy = [t for t in rank.threads if t is not main and t.active and not _ours(t)]
-        if busy:
-            return busy[0]
+        engine = [t for t in rank.threads if t.name == ENGINE_THREAD]
+        if busy or engine:
+            return (busy or engine)[0]
     return main
 
 

@@ -89,6 +89,7 @@ class LocalBackend:
             reset_paths=[str(p) for p in stale_state(layout)] + job.reset_paths,
             dirs=job.dirs,
             dir_mode=config.launch.run_dir_mode,
+            mode=mode,
         )
 
     def execute(self, plan: LaunchPlan, out: TextIO = sys.stdout) -> int:

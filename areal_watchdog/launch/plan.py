@@ -62,6 +62,7 @@ class LaunchPlan:
     dirs: list[str] = field(default_factory=list)  # folders the job needs (AReaL's name_resolve)
     payload: Any = field(default=None, repr=False)  # the backend's own (Slurm: the submission)
     dir_mode: int = 0o700  # the run directory's permissions (watchdog.run_dir_mode)
+    mode: str = "torchrun"  # torchrun | single_controller | spmd (launch.mode)
 
     def main(self) -> ProcessSpec:
         """The process whose end is the job's end."""
@@ -77,6 +78,7 @@ class LaunchPlan:
             redactor = Redactor.from_environment({**os.environ, **env})
         lines = [
             f"backend:   {self.backend}",
+            f"mode:      {self.mode}",
             f"run id:    {self.run_id}",
             f"run dir:   {self.run_dir}",
             "",

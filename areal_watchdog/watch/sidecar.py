@@ -138,10 +138,12 @@ class Sidecar:
         """Watch until the job ends (or a signal says it is ending); return 0."""
         wd = self.info.watchdog
         threshold = "auto" if wd.stall_timeout is None else f"{wd.stall_timeout:g} s"
+        shape = f"{self.info.world_size} ranks"
+        if self.info.mode != "torchrun":  # AReaL's modes: the other processes are watched too
+            shape = f"AReaL {self.info.mode}, {shape} and every other process of the job"
         self.say(
-            f"watching run {self.info.run_id}: {self.info.world_size} ranks on "
-            f"{len(self.nodes)} node(s), stall after {threshold} "
-            f"(startup {wd.startup_timeout:g} s)"
+            f"watching run {self.info.run_id}: {shape} on {len(self.nodes)} node(s), stall "
+            f"after {threshold} (startup {wd.startup_timeout:g} s)"
         )
         while not self.done and not self.stopping:
             self.guarded(self.poll, time.time())
@@ -295,7 +297,9 @@ class Sidecar:
 
     def act(self, action: Action, now: float) -> None:
         silent, threshold = self.clock.silent_for(now), self.clock.threshold
-        alive = len(self.alive_ranks())
+        alive = f"{len(self.alive_ranks())} ranks"
+        if self.watch.workers:
+            alive += f" and {len(self.watch.workers)} other processes"
         if action.trigger is Trigger.NODE_SILENT:
             self.say(f"node(s) {', '.join(action.lost)} stopped answering: gathering evidence")
         elif action.trigger is Trigger.GPU_IDLE:
