@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_watchdog.diagnose.classify import classify
+from areal_watchdog.diagnose.classify import classify, ended_cleanly
 from areal_watchdog.evidence.model import (
     BLOCKED,
     EXITED,
@@ -232,3 +232,14 @@ def test_ten_thousand_ranks_with_every_thread_and_task_lists() -> None:
     verdict = classify(Evidence(world_size=10_000, ranks=ranks))
     assert (verdict.category, verdict.culprit_ranks) == ("collective_mismatch", [777])
     assert "thread EngineWorker" in verdict.summary
+
+
+def test_a_job_whose_every_rank_ended_cleanly_is_finishing_not_hung() -> None:
+    """The stall threshold can pass while the ranks tear down: all exited 0 is no hang, but
+    one process still alive (or one exit code that is not 0) keeps it a hang to report."""
+    done = [RankEvidence(r, state=EXITED, exit=ExitInfo(code=0, kind="returned")) for r in range(2)]
+    assert ended_cleanly(Evidence(world_size=2, ranks=done))
+    failed = [*done[:1], RankEvidence(1, state=EXITED, exit=ExitInfo(code=1, kind="exit"))]
+    assert not ended_cleanly(Evidence(world_size=2, ranks=failed))
+    controller = RankEvidence(None, role="controller", state=BLOCKED)
+    assert not ended_cleanly(Evidence(world_size=2, ranks=done, workers=[controller]))

@@ -22,6 +22,7 @@ HEALTHY = Snapshot(
     silent_nodes=(),
     ended_nodes=0,
     n_nodes=2,
+    silent_job_nodes=0,
     failed=False,
     ending_on_purpose=False,
 )
@@ -64,7 +65,9 @@ def test_a_rank_that_exits_while_others_live_waits_out_the_grace() -> None:
 
 
 def test_a_silent_node_is_reported_once_and_ends_the_silence_too() -> None:
-    snap = replace(HEALTHY, silent_nodes=("node2",), silent_for=11, stalled=True)
+    snap = replace(
+        HEALTHY, silent_nodes=("node2",), silent_job_nodes=1, silent_for=11, stalled=True
+    )
     actions, reported = decide(snap, Reported())
     assert [(a.trigger, a.lost) for a in actions] == [(Trigger.NODE_SILENT, ("node2",))]
     assert reported.failure and reported.silence
@@ -84,3 +87,11 @@ def test_an_ending_on_purpose_is_no_failure_and_no_hang() -> None:
     gone = replace(on_purpose, alive=frozenset({0}), gone=frozenset({1}), gone_since=0.0)
     assert triggers(gone) == []
     assert triggers(replace(on_purpose, silent_for=20, stalled=True)) == []
+
+
+def test_a_lost_worker_node_does_not_end_an_areal_job() -> None:
+    """AReaL on Slurm: the job ends with the controller's host; a silent worker node is a lost
+    node, reported, not the end of the job."""
+    areal = replace(HEALTHY, n_nodes=1, silent_nodes=("node2",), silent_job_nodes=0)
+    assert triggers(areal) == [Trigger.NODE_SILENT]
+    assert triggers(replace(areal, ended_nodes=1)) == [Trigger.NODE_SILENT, Say.FINISHED]

@@ -175,6 +175,17 @@ def classify(evidence: Evidence) -> Verdict:
     return verdict
 
 
+def ended_cleanly(evidence: Evidence) -> bool:
+    """Every process of the job exited, each with code 0: a silence at the end of a job, not
+    a hang (the ranks' teardown can outlast the stall threshold before the launcher records
+    the end). A process still alive (an AReaL controller stuck in its teardown) is no end."""
+    processes = evidence.processes()
+    return bool(processes) and all(
+        p.state == EXITED and p.exit is not None and p.exit.code == 0 and not p.exit.exc_type
+        for p in processes
+    )
+
+
 def _from_finding(finding: RolloutFinding) -> Verdict:
     return Verdict(
         category=finding.category,

@@ -16,9 +16,9 @@ Two kinds of process are found:
 - **workers**, every other part of an AReaL job (the controller, rollout workers, inference
   servers, the data service), by their command line (``common.roles``).
 
-On a test cluster where two Slurm "nodes" share one host, ``AREAL_WATCHDOG_NODE`` tells them
-apart. A forked helper (a DataLoader worker, a process pool) shares its parent's identity and is
-not counted twice.
+On a test cluster where two Slurm "nodes" share one host, ``SLURMD_NODENAME`` (or, outside
+Slurm, ``AREAL_WATCHDOG_NODE``) tells them apart. A forked helper (a DataLoader worker, a
+process pool) shares its parent's identity and is not counted twice.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import psutil
 
 from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.roles import RANK_WRAPPERS, Identity, identify
-from areal_watchdog.rundir.layout import COOPERATIVE_SIGNAL, ENV_NODE, ENV_RUN_ID, RunLayout
+from areal_watchdog.rundir.layout import COOPERATIVE_SIGNAL, ENV_RUN_ID, RunLayout, node_of
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ def _from_environment(layout: RunLayout, scope: Scope, owner: int) -> list[JobPr
             if not _ours(proc, owner):
                 continue
             env = proc.environ()
-            if env.get(ENV_RUN_ID) != scope.run_id or env.get(ENV_NODE, scope.node) != scope.node:
+            if env.get(ENV_RUN_ID) != scope.run_id or node_of(env, scope.node) != scope.node:
                 continue
             who = identify(proc.cmdline(), env, scope.controller_config)
         except (psutil.Error, OSError):

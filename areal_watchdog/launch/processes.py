@@ -9,7 +9,6 @@ keeps going unsupervised.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -19,17 +18,11 @@ from typing import Any, TextIO
 
 import psutil
 
+from areal_watchdog.common.parent import die_with_parent
 from areal_watchdog.launch.plan import ProcessSpec
 from areal_watchdog.rundir.layout import ENV_RUN_ID
 
 TERMINATE_GRACE = 20.0  # seconds torchrun gets to stop its ranks before everything is killed
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the launcher dies, whatever the reason."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def start(spec: ProcessSpec, **popen: Any) -> subprocess.Popen:
@@ -39,7 +32,7 @@ def start(spec: ProcessSpec, **popen: Any) -> subprocess.Popen:
         env={**os.environ, **spec.env},
         cwd=spec.cwd,
         start_new_session=True,
-        preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads run code between fork and exec
+        preexec_fn=die_with_parent,  # noqa: PLW1509 - no threads run code between fork and exec
         **popen,
     )
 

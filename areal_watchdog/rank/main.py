@@ -35,10 +35,10 @@ from areal_watchdog.rank.arming import (
 )
 from areal_watchdog.rundir.layout import (
     COOPERATIVE_SIGNAL,
-    ENV_NODE,
     ENV_RUN_ID,
     ENV_WATCH_DIR,
     RunLayout,
+    node_of,
 )
 
 
@@ -50,7 +50,7 @@ def _register(layout: RunLayout, rank: int) -> object | None:
         "rank": rank,
         "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
-        "node": os.environ.get(ENV_NODE, socket.gethostname()),
+        "node": node_of(os.environ, socket.gethostname()),
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
         "started_at": time.time(),

@@ -30,6 +30,9 @@ class LaunchInfo:
     job_id: str | None = None
     mode: str = "torchrun"  # torchrun | single_controller | spmd (config.model.LAUNCH_MODES)
     rank_role: str | None = None  # single controller: the AReaL role whose workers are ranks
+    # AReaL's single controller on Slurm: ``nodes`` is the controller's host, the leader; the
+    # nodes AReaL's jobs land on join when their sidecars first publish.
+    dynamic_nodes: bool = False
 
     @classmethod
     def for_config(

@@ -6,6 +6,7 @@ state below ``watchdog/`` and its incidents below ``incidents/``.
 
 from __future__ import annotations
 
+import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,15 @@ ENV_WATCH_DIR = "AREAL_WATCHDOG_DIR"
 ENV_NODE = "AREAL_WATCHDOG_NODE"
 ENV_JOB_CONFIG = "AREAL_WATCHDOG_JOB_CONFIG"  # the controller is the process that holds it
 ENV_RANK_ROLE = "AREAL_WATCHDOG_RANK_ROLE"  # the AReaL role whose workers are the ranks (actor)
+
+
+def node_of(env: dict[str, str] | os._Environ[str], default: str) -> str:
+    """The node a process runs on: what Slurm told its task (``SLURMD_NODENAME``: two test
+    "nodes" may share a host, and a task inherits the launcher's environment), else what our
+    launcher exported, else ``default``."""
+    return env.get("SLURMD_NODENAME") or env.get(ENV_NODE) or default
+
+
 # The signal a rank's faulthandler answers with its stacks (ignored by default: a stray one
 # harms nothing). It is part of the contract, never read from a file.
 COOPERATIVE_SIGNAL = signal.SIGURG

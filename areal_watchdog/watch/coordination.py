@@ -47,9 +47,11 @@ class Coordinator:
     node: str
     nodes: list[str]
     node_timeout: float = 10.0
+    dynamic: bool = False  # nodes join by publishing (AReaL's jobs land where Slurm puts them)
     seq: int = 0
     seen: dict[str, _Seen] = field(default_factory=dict)
     started_at: float = field(default_factory=time.monotonic)
+    scanned_at: float = 0.0
 
     def publish(self, status: dict[str, Any]) -> None:
         """Write this node's status; the counter tells readers it is alive."""
@@ -76,6 +78,9 @@ class Coordinator:
     def refresh(self) -> dict[str, dict[str, Any]]:
         """Read every node's status and note which counters moved."""
         now = time.monotonic()
+        if self.dynamic and now - self.scanned_at >= self.node_timeout / 4:
+            self.scanned_at = now
+            self.join_new_nodes()
         statuses = {}
         for node in self.nodes:
             record = self.read_status(node)
@@ -87,6 +92,14 @@ class Coordinator:
             if seen is None or seen.seq != seq:
                 self.seen[node] = _Seen(seq, now)
         return statuses
+
+    def join_new_nodes(self) -> None:
+        """Nodes that published a status since the last look join the job, after the known
+        ones (the first node, the leader, stays first)."""
+        with contextlib.suppress(OSError):
+            for path in sorted(self.layout.status_dir.glob("*.json")):
+                if path.stem not in self.nodes and self.read_status(path.stem) is not None:
+                    self.nodes.append(path.stem)
 
     def alive(self, node: str, within: float | None = None) -> bool:
         """This node, or a node whose status moved within ``within`` seconds (default

@@ -22,7 +22,7 @@ import psutil
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.common.rankset import culprits_phrase
 from areal_watchdog.common.redact import SECRET_NAME, Redactor
-from areal_watchdog.diagnose.classify import classify
+from areal_watchdog.diagnose.classify import classify, ended_cleanly
 from areal_watchdog.evidence.gather import GatherSettings
 from areal_watchdog.evidence.model import MISSING, Evidence, RankEvidence
 from areal_watchdog.notify.notifier import Notifier
@@ -133,6 +133,9 @@ class Incidents:
         started = time.perf_counter()
         evidence, fr_seconds = self.gather(trigger, list(lost), statuses)
         evidence.job_failed = trigger is Trigger.JOB_FAILED
+        if silence and ended_cleanly(evidence):
+            self.say("no new step, but every rank ended cleanly: the job is finishing, not hung")
+            return
         gathered = time.perf_counter()
         verdict = classify(evidence)
         timings = {

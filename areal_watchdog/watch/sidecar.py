@@ -13,6 +13,7 @@ errors are logged and survived: a dead watchdog leaves the job unwatched.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import signal
 import sys
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_watchdog.common.atomic import open_append, read_json, write_json_atomic
+from areal_watchdog.common.parent import die_with_parent
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.evidence.discovery import Scope
 from areal_watchdog.evidence.gpu import GpuBackend, IdleTracker, NoGpu, open_backend
@@ -30,6 +32,7 @@ from areal_watchdog.launch.slurm.node import slurm_nodes
 from areal_watchdog.notify.notifier import Notifier
 from areal_watchdog.notify.sinks import SinkSpec
 from areal_watchdog.rundir.launch_info import LaunchInfo
+from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.rundir.records import read_run_record
 from areal_watchdog.watch.coordination import Coordinator
 from areal_watchdog.watch.incident import Incidents, local_evidence
@@ -52,6 +55,7 @@ from areal_watchdog.watch.triggers import (
 )
 
 NOTIFY_FINISH_TIMEOUT = 30.0  # seconds to finish sending before the rest waits in the spool
+ENDED_STATES = ("ending", "finished")  # a node that says so is not lost when it falls silent
 FOLLOWER_LINGER = 60.0  # seconds a finished follower keeps answering a leader that has not finished
 
 
@@ -91,8 +95,9 @@ class Sidecar:
             gpus=IdleTracker(wd.gpu_idle_utilization, wd.gpu_spin_power_fraction),
         )  # fmt: skip
         self.coordinator = Coordinator(
-            self.layout, self.info.run_id, self.node, self.nodes, wd.node_timeout
-        )
+            self.layout, self.info.run_id, self.node, self.nodes, wd.node_timeout,
+            dynamic=self.info.dynamic_nodes,
+        )  # fmt: skip
         self.incidents = Incidents(
             self.info, self.node, self.nodes, self.job_id, self.watch, self.coordinator,
             self.clock, self.notifier, self.say,
@@ -276,6 +281,9 @@ class Sidecar:
         if gone and alive:
             self.gone_since = self.gone_since or now
         wd = self.info.watchdog
+        said_ending = {n for n, st in self.statuses.items() if st.get("state") in ENDED_STATES}
+        silent = self.coordinator.lost_nodes(finished=set(exits) | said_ending)
+        job_nodes = self.info.nodes if self.info.dynamic_nodes else self.nodes
         return Snapshot(
             now=now,
             first_step_seen=self.clock.first_step_at is not None,
@@ -288,9 +296,10 @@ class Sidecar:
             crash_grace=wd.crash_grace,
             gpus_quiet_for=self.gpus_quiet_for(now),
             gpu_idle_timeout=wd.gpu_idle_timeout,
-            silent_nodes=tuple(self.coordinator.lost_nodes(finished=set(exits))),
-            ended_nodes=len(exits),
-            n_nodes=len(self.nodes),
+            silent_nodes=tuple(silent),
+            ended_nodes=len([n for n in exits if n in job_nodes]),
+            n_nodes=len(job_nodes),
+            silent_job_nodes=len([n for n in silent if n in job_nodes]),
             failed=any(r.get("returncode") != 0 for r in exits.values()),
             ending_on_purpose=self.ending_on_purpose(),
         )
@@ -305,12 +314,12 @@ class Sidecar:
         elif action.trigger is Trigger.GPU_IDLE:
             self.say(
                 f"every GPU idle or spinning for {self.gpus_quiet_for(now):.0f} s with no "
-                f"progress: gathering stacks from {alive} ranks"
+                f"progress: gathering stacks from {alive}"
             )
         elif action.trigger is Trigger.STALL:
             self.say(
                 f"no progress for {silent:.1f} s (threshold {threshold:g} s): stall, "
-                f"gathering stacks from {alive} ranks"
+                f"gathering stacks from {alive}"
             )
         elif action.say is Say.SUSPECTED:
             self.say(f"no new step for {silent:.0f} s (threshold {threshold:g} s): stall suspected")
@@ -427,6 +436,26 @@ class Sidecar:
         return [n for n in peers if n not in spoke]
 
 
+def wait_for_node_lock(layout: RunLayout, node: str) -> bool:
+    """Standby: end with the task that started us (``PR_SET_PDEATHSIG``), and block until this
+    node's sidecar lock is ours (the lock is released when its holder's process ends). False
+    if the lock cannot be had at all (then another sidecar watches, or nobody can)."""
+    die_with_parent()
+    try:
+        locks = layout.watch_dir / "sidecars"
+        locks.mkdir(parents=True, exist_ok=True)
+        fd = os.open(locks / f"{node}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held until this process ends
+    except OSError as exc:
+        print(f"[areal-watchdog {node}] no sidecar lock: {exc}", file=sys.stderr)
+        return False
+    _held.append(fd)
+    return True
+
+
+_held: list[int] = []
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m areal_watchdog.watch.sidecar", description=__doc__.splitlines()[0]
@@ -439,10 +468,19 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="take the node and the job's nodes from the Slurm environment",
     )
+    parser.add_argument(
+        "--standby",
+        action="store_true",
+        help="started by every task of AReaL's Slurm jobs: one sidecar per node watches (the "
+        "others wait for its lock and take over when its task ends), each ends with its task",
+    )
     args = parser.parse_args(argv)
     try:
         info = LaunchInfo.load(args.run_dir)
-        if args.node_from_slurm:
+        if args.standby:
+            node, nodes, job_id = os.environ["SLURMD_NODENAME"], list(info.nodes), info.job_id
+            nodes += [node] if node not in nodes else []
+        elif args.node_from_slurm:
             node, nodes = os.environ["SLURMD_NODENAME"], slurm_nodes()
             job_id = os.environ.get("SLURM_JOB_ID")
         else:
@@ -450,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the sidecar must explain, not crash
         print(f"[areal-watchdog] cannot start: {exc}", file=sys.stderr)
         return 2
+    if args.standby and not wait_for_node_lock(info.layout, node):
+        return 0
     sidecar = Sidecar(info, node, nodes, job_id)
 
     def _stop(signum: int, _frame: object) -> None:

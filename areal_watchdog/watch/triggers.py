@@ -49,7 +49,8 @@ class Snapshot:
     gpu_idle_timeout: float
     silent_nodes: tuple[str, ...]  # peers that stopped answering
     ended_nodes: int  # nodes whose job ended (exit record written)
-    n_nodes: int
+    n_nodes: int  # nodes whose end is the job's end (AReaL on Slurm: the controller's host)
+    silent_job_nodes: int  # of those, how many stopped answering
     failed: bool  # some node's job ended with a non-zero code
     ending_on_purpose: bool  # cancelled by the watchdog, or interrupted by the user
 
@@ -100,7 +101,7 @@ def _node_silent(snap: Snapshot, reported: Reported) -> Rule:
 
 
 def _job_ended(snap: Snapshot, reported: Reported) -> Rule:
-    if snap.ended_nodes + len(snap.silent_nodes) < snap.n_nodes:
+    if snap.ended_nodes + snap.silent_job_nodes < snap.n_nodes:
         return None, reported
     if snap.failed and not snap.ending_on_purpose and not reported.failure:
         return Action(Trigger.JOB_FAILED, Say.FINISHED), replace(reported, failure=True)

@@ -20,8 +20,9 @@ from string import Template
 from typing import Any, TextIO
 
 from areal_watchdog.common.atomic import read_json, write_json_atomic
-from areal_watchdog.common.errors import UserError
+from areal_watchdog.common.errors import ConfigError, UserError
 from areal_watchdog.config.model import JobConfig
+from areal_watchdog.launch.entrypoint import launch_mode
 from areal_watchdog.launch.job import (
     job_environment,
     launch_files,
@@ -30,6 +31,7 @@ from areal_watchdog.launch.job import (
     stale_state,
 )
 from areal_watchdog.launch.plan import LaunchPlan, ProcessSpec
+from areal_watchdog.launch.slurm.areal import execute_single_controller, plan_single_controller
 from areal_watchdog.launch.slurm.jobs import ACTIVE_STATES, job_state, wait_for_job
 from areal_watchdog.launch.slurm.node import NodeJob
 from areal_watchdog.launch.slurm.options import validate_slurm
@@ -60,6 +62,14 @@ class SlurmBackend:
 
     def plan(self, config: JobConfig, watchdog: bool, run_id: str | None = None) -> LaunchPlan:
         """Plan a Slurm launch; raises ConfigError before anything is created or submitted."""
+        mode = launch_mode(config)
+        if mode == "single_controller":
+            return plan_single_controller(config, watchdog, run_id)
+        if mode == "spmd":
+            raise ConfigError(
+                config.source, "launch.mode", "spmd is not supported on Slurm yet: run AReaL's "
+                "single controller (launch.mode: single_controller) or spmd on the local backend",
+            )  # fmt: skip
         slurm = validate_slurm(config)
         run_id = run_id or uuid.uuid4().hex[:12]
         layout = RunLayout(config.run_dir.resolve())
@@ -107,6 +117,8 @@ class SlurmBackend:
 
     def execute(self, plan: LaunchPlan, out: TextIO = sys.stdout) -> int:
         """Submit; with ``--wait`` follow the job and return how it ended."""
+        if plan.mode == "single_controller":
+            return execute_single_controller(plan, out)
         submission: Submission = plan.payload
         job_id = submit(plan)
         logs = RunLayout(Path(plan.run_dir)).logs_dir

@@ -1,0 +1,128 @@
+"""AReaL's single controller on Slurm, the way AReaL's docs run it: the training script runs
+here (on the login node) with ``scheduler.type=slurm``, and AReaL's Slurm scheduler submits one
+job per role (``<experiment>_<trial>:<role>``), one ``srun`` task per worker.
+
+The watchdog rides on AReaL's own mechanisms:
+
+- the environment: AReaL's ``sbatch`` passes the controller's whole environment on (no
+  ``--export``), and its workers get the controller's ``PYTHONPATH`` (``--env`` of the container
+  command): the run id, the debug variables and our ``sitecustomize`` reach every worker;
+- the sidecars: every engine's ``scheduling_spec[*].additional_bash_cmds`` (run by every task,
+  before the worker) starts ``sidecar --standby``: the first on a node takes the node's lock and
+  watches, the others wait and take over when its task ends; each ends with its own task. They
+  join the controller host's sidecar, which leads (``LaunchInfo.dynamic_nodes``).
+
+AReaL cancels its jobs only from ``trainer.close()``: when the controller ends any other way
+(a cancel after a hang, Ctrl-C), ``execute`` cancels every job named after the trial.
+"""
+
+from __future__ import annotations
+
+import copy
+import shlex
+import socket
+import subprocess
+import sys
+import uuid
+from dataclasses import replace
+from typing import Any, TextIO
+
+from areal_watchdog.config.model import JobConfig
+from areal_watchdog.launch.areal import plan_areal
+from areal_watchdog.launch.job import job_environment, launch_files, stale_state
+from areal_watchdog.launch.local import LocalBackend
+from areal_watchdog.launch.plan import LaunchPlan, ProcessSpec
+from areal_watchdog.rundir.launch_info import LaunchInfo
+from areal_watchdog.rundir.layout import RunLayout
+
+
+def plan_single_controller(config: JobConfig, watchdog: bool, run_id: str | None) -> LaunchPlan:
+    """The controller and its sidecar here; AReaL's jobs carry the standby sidecars."""
+    run_id = run_id or uuid.uuid4().hex[:12]
+    layout = RunLayout(config.run_dir.resolve())
+    host = socket.gethostname()
+    env = job_environment(config, layout, run_id, host, watchdog)
+    job = plan_areal(config, "single_controller", "slurm", layout, env, [], host)
+    notes = [f"AReaL's jobs: {job_prefix(config)}<role> (one per role, cancelled with the run)"]
+    if not job.tree["cluster"].get("n_gpus_per_node"):
+        job.tree["cluster"]["n_gpus_per_node"] = 1  # AReaL's scheduler divides by it
+        notes.append("cluster.n_gpus_per_node: 1 for AReaL (its Slurm scheduler divides by it)")
+    if watchdog:
+        _add_standby_sidecars(job.tree, config.launch.python, layout)
+        line = standby_command(config.launch.python, layout)
+        notes.append(f"every task of AReaL's jobs runs first (additional_bash_cmds): {line}")
+    info = LaunchInfo.for_config(
+        config, run_id, "slurm", layout.run_dir, job.world_size, [host], "single_controller",
+        job.rank_role,
+    )  # fmt: skip
+    info = replace(info, nproc_per_node=0, dynamic_nodes=True)  # the ranks run elsewhere
+    processes = list(job.processes)
+    if watchdog:
+        sidecar = [config.launch.python, "-m", "areal_watchdog.watch.sidecar"]
+        sidecar += ["--run-dir", str(layout.run_dir), "--node", host]
+        processes.append(ProcessSpec("watchdog", sidecar, kind="watchdog"))
+    return LaunchPlan(
+        backend="slurm",
+        run_id=run_id,
+        run_dir=str(layout.run_dir),
+        files=launch_files(config, info, watchdog, job.tree),
+        processes=processes,
+        reset_paths=[str(p) for p in stale_state(layout)],
+        dirs=job.dirs,
+        notes=notes,
+        payload=job_prefix(config),
+        dir_mode=config.launch.run_dir_mode,
+        mode="single_controller",
+    )
+
+
+def execute_single_controller(plan: LaunchPlan, out: TextIO = sys.stdout) -> int:
+    """Run the controller here as the local backend does, then cancel what AReaL left."""
+    try:
+        return LocalBackend().execute(plan, out)
+    finally:
+        left = cancel_jobs(str(plan.payload))
+        if left:
+            print(f"[areal-launch] cancelled AReaL's Slurm jobs: {', '.join(left)}", file=out)
+
+
+def job_prefix(config: JobConfig) -> str:
+    """AReaL names each role's job ``<experiment>_<trial>:<role>``."""
+    return f"{config.experiment_name}_{config.trial_name}:"
+
+
+def cancel_jobs(prefix: str) -> list[str]:
+    """``scancel`` this user's jobs whose name starts with ``prefix``; their ids."""
+    listed = subprocess.run(
+        ["squeue", "--me", "-h", "-o", "%i %j"], capture_output=True, text=True, check=False
+    )
+    ids = [
+        job_id
+        for job_id, _, name in (line.partition(" ") for line in listed.stdout.splitlines())
+        if name.startswith(prefix)
+    ]
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True, check=False)
+    return ids
+
+
+def standby_command(python: str, layout: RunLayout) -> str:
+    """The line every task of AReaL's jobs runs first: a standby sidecar in the background, its
+    output in the run's logs (AReaL joins these lines with ``;``: the braces keep ``&`` legal)."""
+    sidecar = [python, "-m", "areal_watchdog.watch.sidecar", "--run-dir", str(layout.run_dir)]
+    log = f"{shlex.quote(str(layout.logs_dir))}/sidecar_$SLURMD_NODENAME.out"
+    return f"{{ {shlex.join([*sidecar, '--standby'])} >> {log} 2>&1 < /dev/null & }}"
+
+
+def _add_standby_sidecars(tree: dict[str, Any], python: str, layout: RunLayout) -> None:
+    """Every engine's scheduling specs run the standby sidecar first (AReaL's
+    ``additional_bash_cmds``, once per task); colocated roles submit no job and ignore it."""
+    line = standby_command(python, layout)
+    for section in tree.values():
+        specs = section.get("scheduling_spec") if isinstance(section, dict) else None
+        if not isinstance(specs, list):
+            continue
+        section["scheduling_spec"] = specs = copy.deepcopy(specs)
+        for spec in specs:
+            if isinstance(spec, dict):
+                spec["additional_bash_cmds"] = [*(spec.get("additional_bash_cmds") or []), line]
