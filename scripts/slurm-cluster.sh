@@ -2,6 +2,7 @@
 # A real two-node Slurm cluster on this one machine, from Debian's slurm-wlm and munge packages:
 # one controller and two slurmd daemons ("node1", "node2") on loopback ports.
 #
+#   bash scripts/slurm-cluster.sh install  # install Debian's slurm-wlm and munge (root) if missing
 #   bash scripts/slurm-cluster.sh up       # install if needed (root), start, wait until idle
 #   bash scripts/slurm-cluster.sh status
 #   bash scripts/slurm-cluster.sh down     # stop the daemons it started, remove its state
@@ -130,8 +131,9 @@ down() {
 }
 
 case "${1:-}" in
+  install) install_packages ;;
   up) up ;;
   down) down ;;
   status) SLURM_CONF="$CONF" sinfo && SLURM_CONF="$CONF" squeue ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  *) echo "usage: $0 install|up|down|status" >&2; exit 2 ;;
 esac

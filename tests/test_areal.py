@@ -18,8 +18,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,7 +34,14 @@ from conftest import REPO, Launcher, LaunchResult
 
 AREAL = REPO / "examples" / "areal"
 CONFIG = AREAL / "gsm8k_grpo.yaml"
-LOOPBACK = ["bash", str(REPO / "scripts" / "loopback.sh")]
+LOOPBACK_SCRIPT = REPO / "scripts" / "loopback.sh"
+LOOPBACK = ["bash", str(LOOPBACK_SCRIPT)]
+CLUSTER = REPO / "scripts" / "slurm-cluster.sh"
+# One role's scheduling spec (AReaL's SchedulingSpec), to be closed with its node.
+SPEC = (
+    "{task_type: worker, port_count: 2, gpu: 0, cpu: 1, mem: 2, "
+    "cmd: 'python3 -m areal.infra.rpc.rpc_server'"
+)
 FAST = ["watchdog.stall_timeout=12", "watchdog.poll_interval=0.5"]
 
 needs_areal = pytest.mark.skipif(
@@ -57,12 +66,36 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def run_areal(launcher: Launcher, harness: Path, trial: str, overrides: list[str]) -> LaunchResult:
+def run_areal(
+    launcher: Launcher, harness: Path, trial: str, overrides: list[str], **kwargs: object
+) -> LaunchResult:
     """``areal-launch --watchdog local examples/areal/gsm8k_grpo.yaml`` in a loopback netns."""
     (launcher.root / "harness").symlink_to(harness)
-    return launcher.run(
-        [*FAST, *overrides], trial=trial, config=CONFIG, timeout=420, prefix=LOOPBACK
-    )
+    kwargs.setdefault("prefix", LOOPBACK)
+    return launcher.run([*FAST, *overrides], trial=trial, config=CONFIG, timeout=420, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def loopback_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[str], dict]]:
+    """A two-node Slurm cluster in a loopback-only network namespace of its own: (the command
+    prefix that enters it, the environment that finds the cluster and the singularity
+    stand-in). Torn down, namespace included, whatever the tests did."""
+    if subprocess.run(["bash", str(CLUSTER), "install"], capture_output=True).returncode:
+        pytest.skip("needs Debian's slurm-wlm and munge (bash scripts/slurm-cluster.sh install)")
+    name = f"areal-lo-{os.getpid()}"
+    state = tmp_path_factory.mktemp("slurm-lo")
+    enter = ["nsenter", f"--net=/var/run/netns/{name}"]
+    env = {**os.environ, "AREAL_SLURM_DIR": str(state), "SLURM_CONF": str(state / "slurm.conf")}
+    env["PATH"] = f"{AREAL / 'harness' / 'bin'}:{env['PATH']}"
+    subprocess.run(["bash", str(LOOPBACK_SCRIPT), "--create", name], check=True)
+    try:
+        up = subprocess.run([*enter, "bash", str(CLUSTER), "up"], env=env, capture_output=True,
+                            text=True, timeout=180)  # fmt: skip
+        assert up.returncode == 0, up.stderr[-2000:]
+        yield enter, env
+    finally:
+        subprocess.run([*enter, "bash", str(CLUSTER), "down"], env=env, capture_output=True)
+        subprocess.run(["bash", str(LOOPBACK_SCRIPT), "--delete", name], capture_output=True)
 
 
 def by_role(report: dict) -> dict[str, list[dict]]:
@@ -121,6 +154,63 @@ def test_spmd_wedged_server_is_named(launcher: Launcher, harness: Path) -> None:
     assert report["ranks"][0]["rank"] == 0 and "inference_launcher" in roles
     assert report["summary"].startswith("Rank 0 is waiting for rollouts in prepare_batch()")
     record_evidence(report, "inference_wedged--areal-spmd", "rollout")
+
+
+@needs_areal
+@needs_root
+@pytest.mark.slurm
+def test_single_controller_on_slurm_one_report_across_nodes(
+    launcher: Launcher, harness: Path, loopback_slurm: tuple[list[str], dict]
+) -> None:
+    """The controller here, AReaL's Slurm scheduler submits the actor job to node1 and the
+    rollout job to node2 (through the singularity stand-in); every task starts a standby
+    sidecar. One report names the controller here, the actor on node1 and the stuck rollout
+    worker on node2; AReaL's jobs are cancelled with the run."""
+    enter, env = loopback_slurm
+    result = run_areal(
+        launcher,
+        harness,
+        "onslurm",
+        [f"actor.scheduling_spec=[{SPEC}, nodelist: node1}}]",
+         f"rollout.scheduling_spec=[{SPEC}, nodelist: node2}}]"],
+        backend="slurm",
+        prefix=enter,
+        env=env,
+    )  # fmt: skip
+    assert result.returncode == 3, result.output[-4000:]
+    (report,) = result.reports  # one report for the job, none for the nodes it then cancels
+    assert (report["category"], report["cause"]) == ("rollout_stalled", "workflow_stuck")
+    assert report["job"]["backend"] == "slurm"
+    assert {"node1", "node2"} <= set(report["job"]["nodes"])
+    roles = by_role(report)
+    assert roles["controller"][0]["node"] == socket.gethostname()
+    assert roles["actor"][0]["node"] == "node1" and roles["rollout"][0]["node"] == "node2"
+    (culprit,) = report["culprit_workers"]
+    assert (culprit["role"], culprit["node"]) == ("rollout", "node2")
+    assert report["culprit_nodes"] == ["node2"]
+    jobs = subprocess.run([*enter, "squeue", "-h"], env=env, capture_output=True, text=True)
+    assert jobs.stdout.strip() == ""
+
+
+@pytest.mark.slurm
+def test_areal_jobs_are_cancelled_by_name(loopback_slurm: tuple[list[str], dict]) -> None:
+    """AReaL cancels its jobs only from trainer.close(): the launcher cancels every job named
+    ``<experiment>_<trial>:<role>``, and only those."""
+    enter, env = loopback_slurm
+    for name in ("exp_t1:actor", "exp_t1:rollout", "exp_t10:actor"):
+        sbatch = [*enter, "sbatch", "-J", name, "-o", "/dev/null", "--wrap", "sleep 300"]
+        subprocess.run(sbatch, env=env, check=True, capture_output=True)
+    cancel = (
+        "from areal_watchdog.launch.slurm.areal import cancel_jobs; "
+        "print(len(cancel_jobs('exp_t1:')))"
+    )
+    out = subprocess.run([*enter, sys.executable, "-c", cancel], env=env, capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    assert out.stdout.strip() == "2"
+    left = subprocess.run([*enter, "squeue", "-h", "-o", "%j"], env=env, capture_output=True,
+                          text=True)  # fmt: skip
+    assert left.stdout.split() == ["exp_t10:actor"]
+    subprocess.run([*enter, "scancel", "-n", "exp_t10:actor"], env=env, capture_output=True)
 
 
 def test_roles_come_from_the_command_line() -> None:

@@ -14,6 +14,7 @@ HEALTHY = Snapshot(
     threshold=10.0,
     stalled=False,
     alive=frozenset({0, 1, 2, 3}),
+    others_alive=0,
     gone=frozenset(),
     gone_since=None,
     crash_grace=5.0,
@@ -95,3 +96,17 @@ def test_a_lost_worker_node_does_not_end_an_areal_job() -> None:
     areal = replace(HEALTHY, n_nodes=1, silent_nodes=("node2",), silent_job_nodes=0)
     assert triggers(areal) == [Trigger.NODE_SILENT]
     assert triggers(replace(areal, ended_nodes=1)) == [Trigger.NODE_SILENT, Say.FINISHED]
+
+
+def test_areal_controller_alone_can_stall() -> None:
+    """AReaL on Slurm: no rank on the controller's host, but the controller (a process of the
+    job) is alive there: a silence is still a stall."""
+    controller_only = replace(HEALTHY, alive=frozenset(), others_alive=1)
+    assert triggers(replace(controller_only, silent_for=11, stalled=True))[-1] == Trigger.STALL
+    nothing = replace(HEALTHY, alive=frozenset(), others_alive=0)
+    assert triggers(replace(nothing, silent_for=11, stalled=True)) == []
+
+
+def test_nodes_that_fall_silent_while_the_job_is_cancelled_are_not_lost() -> None:
+    cancelling = replace(HEALTHY, silent_nodes=("node2",), ending_on_purpose=True)
+    assert Trigger.NODE_SILENT not in triggers(cancelling)

@@ -291,6 +291,7 @@ class Sidecar:
             threshold=self.clock.threshold,
             stalled=self.clock.stalled(now),
             alive=frozenset(alive),
+            others_alive=self.others_alive(),
             gone=frozenset(gone),
             gone_since=self.gone_since,
             crash_grace=wd.crash_grace,
@@ -307,8 +308,8 @@ class Sidecar:
     def act(self, action: Action, now: float) -> None:
         silent, threshold = self.clock.silent_for(now), self.clock.threshold
         alive = f"{len(self.alive_ranks())} ranks"
-        if self.watch.workers:
-            alive += f" and {len(self.watch.workers)} other processes"
+        if self.others_alive():
+            alive += f" and {self.others_alive()} other processes"
         if action.trigger is Trigger.NODE_SILENT:
             self.say(f"node(s) {', '.join(action.lost)} stopped answering: gathering evidence")
         elif action.trigger is Trigger.GPU_IDLE:
@@ -346,6 +347,14 @@ class Sidecar:
             if node != self.node:
                 ranks |= {int(r) for r in status.get("ranks_alive", {})}
         return ranks
+
+    def others_alive(self) -> int:
+        """Live processes of the job that are not ranks, on every node."""
+        count = len(self.watch.workers)
+        for node, status in self.statuses.items():
+            if node != self.node:
+                count += len(status.get("workers_alive", []))
+        return count
 
     def gone_ranks(self) -> set[int]:
         ranks = set(self.watch.gone)

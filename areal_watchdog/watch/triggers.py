@@ -42,6 +42,7 @@ class Snapshot:
     threshold: float  # the stall threshold in force
     stalled: bool  # the progress clock says the threshold is crossed
     alive: frozenset[int]  # ranks alive on any node
+    others_alive: int  # other processes of the job alive on any node (AReaL's controller...)
     gone: frozenset[int]  # ranks that ended on any node
     gone_since: float | None  # when a rank was first seen gone while others lived
     crash_grace: float
@@ -94,7 +95,7 @@ Rule = tuple[Action | None, Reported]
 
 
 def _node_silent(snap: Snapshot, reported: Reported) -> Rule:
-    if not snap.silent_nodes or reported.failure:
+    if not snap.silent_nodes or reported.failure or snap.ending_on_purpose:
         return None, reported
     action = Action(trigger=Trigger.NODE_SILENT, lost=snap.silent_nodes)
     return action, replace(reported, failure=True, silence=True)
@@ -117,7 +118,7 @@ def _rank_exited(snap: Snapshot, reported: Reported) -> Rule:
 
 
 def _gpu_idle(snap: Snapshot, reported: Reported) -> Rule:
-    if snap.ending_on_purpose or reported.silence or not snap.alive:
+    if snap.ending_on_purpose or reported.silence or not _running(snap):
         return None, reported
     if not snap.first_step_seen:  # GPUs idle while models load is no hang
         return None, reported
@@ -127,7 +128,7 @@ def _gpu_idle(snap: Snapshot, reported: Reported) -> Rule:
 
 
 def _suspected(snap: Snapshot, reported: Reported) -> Rule:
-    if snap.ending_on_purpose or reported.silence or reported.suspected or not snap.alive:
+    if snap.ending_on_purpose or reported.silence or reported.suspected or not _running(snap):
         return None, reported
     if snap.silent_for <= snap.threshold * 2 / 3:
         return None, reported
@@ -135,8 +136,14 @@ def _suspected(snap: Snapshot, reported: Reported) -> Rule:
 
 
 def _stall(snap: Snapshot, reported: Reported) -> Rule:
-    if snap.ending_on_purpose or reported.silence or not snap.alive:
+    if snap.ending_on_purpose or reported.silence or not _running(snap):
         return None, reported
     if not snap.stalled:
         return None, reported
     return Action(trigger=Trigger.STALL), replace(reported, silence=True)
+
+
+def _running(snap: Snapshot) -> bool:
+    """Something of the job still runs that a silence can be blamed on: a rank, or (AReaL's
+    single controller) another process of the job."""
+    return bool(snap.alive) or snap.others_alive > 0

@@ -111,7 +111,8 @@ def standby_command(python: str, layout: RunLayout) -> str:
     output in the run's logs (AReaL joins these lines with ``;``: the braces keep ``&`` legal)."""
     sidecar = [python, "-m", "areal_watchdog.watch.sidecar", "--run-dir", str(layout.run_dir)]
     log = f"{shlex.quote(str(layout.logs_dir))}/sidecar_$SLURMD_NODENAME.out"
-    return f"{{ {shlex.join([*sidecar, '--standby'])} >> {log} 2>&1 < /dev/null & }}"
+    flags = ["--node-from-slurm", "--standby"]
+    return f"{{ {shlex.join([*sidecar, *flags])} >> {log} 2>&1 < /dev/null & }}"
 
 
 def _add_standby_sidecars(tree: dict[str, Any], python: str, layout: RunLayout) -> None:
