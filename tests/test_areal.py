@@ -192,6 +192,32 @@ def test_single_controller_on_slurm_one_report_across_nodes(
     assert jobs.stdout.strip() == ""
 
 
+@needs_areal
+@needs_root
+@pytest.mark.slurm
+def test_spmd_on_slurm_servers_and_trainer_in_one_job(
+    launcher: Launcher, harness: Path, loopback_slurm: tuple[list[str], dict]
+) -> None:
+    """SPMD on Slurm in one job: node1 runs AReaL's server launcher, node2 waits for the
+    registration, then torchrun. The server wedges; the report names it on node1."""
+    enter, env = loopback_slurm
+    result = run_areal(
+        launcher, harness, "spmdslurm",
+        ["launch.mode=spmd", "cluster.n_nodes=2", "+launch.env.AREAL_STANDIN_WEDGE_AFTER=6",
+         "+launch.slurm.mem=3G", "--wait"],
+        backend="slurm", prefix=enter, env=env,
+    )  # fmt: skip
+    assert result.returncode == 3, result.output[-4000:]
+    (report,) = result.reports
+    assert (report["category"], report["cause"]) == ("rollout_stalled", "inference_wedged")
+    (culprit,) = report["culprit_workers"]
+    assert (culprit["role"], culprit["node"]) == ("inference_server", "node1")
+    assert report["ranks"][0]["node"] == "node2"
+    assert report["culprit_nodes"] == ["node1"]
+    jobs = subprocess.run([*enter, "squeue", "-h"], env=env, capture_output=True, text=True)
+    assert jobs.stdout.strip() == ""
+
+
 @pytest.mark.slurm
 def test_areal_jobs_are_cancelled_by_name(loopback_slurm: tuple[list[str], dict]) -> None:
     """AReaL cancels its jobs only from trainer.close(): the launcher cancels every job named

@@ -35,6 +35,7 @@ from areal_watchdog.rank.sitehook import DIRECTORY as SITEHOOK
 from areal_watchdog.rundir.layout import ENV_JOB_CONFIG, ENV_RANK_ROLE, ENV_RUN_ID, RunLayout
 
 AREAL_NAME_RESOLVE_ROOT = "/tmp/areal/name_resolve"  # AReaL's default nfs_record_root
+SLURM_NODE = "$SLURMD_NODENAME"  # the node a Slurm plan is made for: each, as Slurm says
 RANK_ROLE = "actor"  # single controller: the role whose workers form the training world
 SERVER_WAIT_S = 1200.0  # AReaL's own wait for its inference servers (wait_llm_server_addrs)
 SPMD_TRAINER_ENV = {"AREAL_SPMD_MODE": "1", "NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0"}
@@ -120,7 +121,7 @@ def _spmd_processes(
     gen_devices = rollout.world_size
     server_env = dict(env)
     trainer_env = {**env, **SPMD_TRAINER_ENV}
-    if config.n_gpus_per_node:  # as AReaL's launcher: servers first, then the trainer
+    if config.n_gpus_per_node and node != SLURM_NODE:  # one node: servers first, then ranks
         server_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(gen_devices)))
         trainer_env["CUDA_VISIBLE_DEVICES"] = ",".join(
             map(str, range(gen_devices, gen_devices + actor.world_size))

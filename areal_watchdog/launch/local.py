@@ -25,6 +25,7 @@ from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.areal import ArealJob, plan_areal
 from areal_watchdog.launch.entrypoint import launch_mode
 from areal_watchdog.launch.exit_codes import ExitCode
+from areal_watchdog.launch.gate import pass_gate
 from areal_watchdog.launch.job import (
     job_environment,
     launch_files,
@@ -121,7 +122,7 @@ class _LocalRun:
         job: _Piped | None = None
         try:
             spec = self.plan.main()
-            extra = gate_values(spec.after, services, interrupts, self.say) if spec.after else {}
+            extra = _gate_values(spec.after, services, interrupts, self.say) if spec.after else {}
             if extra is not None:
                 job = _Piped(spec, self.out, extra)
                 self.supervise(job, interrupts)
@@ -216,38 +217,18 @@ def _open_log(path: str | None) -> TextIO:
     return open_append(Path(path))
 
 
-def gate_values(
+def _gate_values(
     gate: Gate, services: list[_Piped], interrupts: Interrupts, say: Callable[[str], None]
 ) -> dict[str, str] | None:
-    """Wait until the gate's name_resolve entries exist; the variable they fill, or None when a
-    service died, the wait timed out or the user interrupted (said on the terminal)."""
-    started = last_said = time.monotonic()
-    say(f"waiting for {gate.count} inference server(s) to register in {gate.directory}")
-    while not interrupts.count:
-        values = registered(Path(gate.directory))
-        if len(values) >= gate.count:
-            say(f"{gate.env_var}={','.join(values)}")
-            return {gate.env_var: ",".join(values)}
+    """Wait at the gate while every service lives and nobody interrupts."""
+
+    def blocked() -> str | None:
+        if interrupts.count:
+            return "interrupted"
         dead = [p.spec.name for p in services if p.proc.poll() is not None]
-        waited = time.monotonic() - started
-        if dead or waited > gate.timeout:
-            why = f"{', '.join(dead)} exited" if dead else f"not there after {gate.timeout:g} s"
-            say(f"cannot start the job: {gate.count} server(s) expected in {gate.directory}, {why}")
-            return None
-        if time.monotonic() - last_said > 30:
-            last_said = time.monotonic()
-            say(f"still waiting for the inference servers ({waited:.0f} s)")
-        time.sleep(0.5)
-    return None
+        return f"{', '.join(dead)} exited" if dead else None
 
-
-def registered(directory: Path) -> list[str]:
-    """The values of AReaL name_resolve entries under ``directory`` (``*/ENTRY`` files)."""
-    values = []
-    for entry in sorted(directory.glob("*/ENTRY")):
-        with contextlib.suppress(OSError):
-            values.append(entry.read_text().strip())
-    return [v for v in values if v]
+    return pass_gate(gate, blocked, say)
 
 
 class _Sidecar:

@@ -86,11 +86,15 @@ def local_evidence(info: LaunchInfo, watch: NodeWatch) -> LocalEvidence:
 
 
 def _with_owners(servers: list[dict[str, Any]], workers: list[RankEvidence]) -> list[dict]:
-    """Each probed server with the node and pid of the process serving it, where known."""
+    """Each probed server once (several nodes may probe one server), with the node and pid of
+    the process serving it, where known."""
     by_address = {w.address: w for w in workers if w.address}
+    probes: dict[str, dict[str, Any]] = {}
+    for probe in servers:
+        probes.setdefault(str(probe.get("address")), probe)
     return [
         {**s, "node": w.node, "pid": w.pid} if (w := by_address.get(s.get("address"))) else s
-        for s in servers
+        for s in probes.values()
     ]
 
 
@@ -194,7 +198,7 @@ class Incidents:
             ranks += [Evidence.rank_from_dict(r) for r in answer.get("ranks", [])]
             workers += [Evidence.rank_from_dict(w) for w in answer.get("workers", [])]
             traces.update(answer.get("flight_records") or {})
-            servers += [s for s in answer.get("servers") or [] if s not in servers]
+            servers += answer.get("servers") or []
         ranks += self.missing_ranks(ranks, statuses)
         evidence = Evidence(
             world_size=self.info.world_size,

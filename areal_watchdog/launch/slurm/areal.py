@@ -1,6 +1,8 @@
-"""AReaL's single controller on Slurm, the way AReaL's docs run it: the training script runs
-here (on the login node) with ``scheduler.type=slurm``, and AReaL's Slurm scheduler submits one
-job per role (``<experiment>_<trial>:<role>``), one ``srun`` task per worker.
+"""AReaL's two modes on Slurm.
+
+**Single controller**, the way AReaL's docs run it: the training script runs here (on the login
+node) with ``scheduler.type=slurm``, and AReaL's Slurm scheduler submits one job per role
+(``<experiment>_<trial>:<role>``), one ``srun`` task per worker.
 
 The watchdog rides on AReaL's own mechanisms:
 
@@ -14,6 +16,11 @@ The watchdog rides on AReaL's own mechanisms:
 
 AReaL cancels its jobs only from ``trainer.close()``: when the controller ends any other way
 (a cancel after a hang, Ctrl-C), ``execute`` cancels every job named after the trial.
+
+**SPMD**, as AReaL's ``areal.infra.launcher.slurm`` does it, in one job instead of two: the
+first nodes run AReaL's server launcher, the others wait until the servers registered in
+name_resolve, then run torchrun with ``AREAL_SPMD_MODE=1`` (``spmd_shape``). One job, one
+sidecar per node, one report, one ``scancel``.
 """
 
 from __future__ import annotations
@@ -24,14 +31,17 @@ import socket
 import subprocess
 import sys
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
+from areal_watchdog.common.errors import ConfigError
+from areal_watchdog.config.areal import parse_allocation
 from areal_watchdog.config.model import JobConfig
-from areal_watchdog.launch.areal import plan_areal
+from areal_watchdog.launch.areal import SLURM_NODE, plan_areal
 from areal_watchdog.launch.job import job_environment, launch_files, stale_state
 from areal_watchdog.launch.local import LocalBackend
 from areal_watchdog.launch.plan import LaunchPlan, ProcessSpec
+from areal_watchdog.launch.slurm.node import ServerNodes
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
 
@@ -74,6 +84,43 @@ def plan_single_controller(config: JobConfig, watchdog: bool, run_id: str | None
         dir_mode=config.launch.run_dir_mode,
         mode="single_controller",
     )
+
+
+@dataclass
+class SpmdShape:
+    """How an SPMD experiment spreads over the job's nodes."""
+
+    servers: ServerNodes
+    trainer_env: dict[str, str]
+    nproc_per_node: int
+    world_size: int
+    tree: dict[str, Any]
+    dirs: list[str]
+    reset_paths: list[str]
+
+
+def spmd_shape(
+    config: JobConfig, layout: RunLayout, env: dict[str, str], ranks: list[str]
+) -> SpmdShape:
+    """Server nodes first (enough for the rollout allocation), then the trainer's nodes."""
+    job = plan_areal(config, "spmd", "slurm", layout, env, ranks, SLURM_NODE)
+    servers, trainer = job.processes
+    rollout = parse_allocation(job.tree["rollout"]["backend"])
+    per_node = max(1, config.n_gpus_per_node)
+    count = -(-(rollout.world_size if rollout else 1) // per_node)
+    trainers = config.n_nodes - count
+    if trainers < 1 or job.world_size % trainers:
+        raise ConfigError(
+            config.source, "cluster.n_nodes", f"is {config.n_nodes}: SPMD needs {count} node(s) "
+            f"for the inference servers, then nodes sharing the trainer's {job.world_size} "
+            f"rank(s) evenly; try cluster.n_nodes={count + 1}",
+        )  # fmt: skip
+    assert trainer.after is not None  # plan_areal's SPMD trainer always waits for the servers
+    return SpmdShape(
+        ServerNodes(count, servers.argv, servers.env, trainer.after),
+        trainer.env, job.world_size // trainers, job.world_size, job.tree, job.dirs,
+        job.reset_paths,
+    )  # fmt: skip
 
 
 def execute_single_controller(plan: LaunchPlan, out: TextIO = sys.stdout) -> int:

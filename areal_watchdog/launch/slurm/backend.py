@@ -14,13 +14,13 @@ import shutil
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from string import Template
 from typing import Any, TextIO
 
 from areal_watchdog.common.atomic import read_json, write_json_atomic
-from areal_watchdog.common.errors import ConfigError, UserError
+from areal_watchdog.common.errors import UserError
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.entrypoint import launch_mode
 from areal_watchdog.launch.job import (
@@ -31,7 +31,11 @@ from areal_watchdog.launch.job import (
     stale_state,
 )
 from areal_watchdog.launch.plan import LaunchPlan, ProcessSpec
-from areal_watchdog.launch.slurm.areal import execute_single_controller, plan_single_controller
+from areal_watchdog.launch.slurm.areal import (
+    execute_single_controller,
+    plan_single_controller,
+    spmd_shape,
+)
 from areal_watchdog.launch.slurm.jobs import ACTIVE_STATES, job_state, wait_for_job
 from areal_watchdog.launch.slurm.node import NodeJob
 from areal_watchdog.launch.slurm.options import validate_slurm
@@ -65,54 +69,38 @@ class SlurmBackend:
         mode = launch_mode(config)
         if mode == "single_controller":
             return plan_single_controller(config, watchdog, run_id)
-        if mode == "spmd":
-            raise ConfigError(
-                config.source, "launch.mode", "spmd is not supported on Slurm yet: run AReaL's "
-                "single controller (launch.mode: single_controller) or spmd on the local backend",
-            )  # fmt: skip
         slurm = validate_slurm(config)
         run_id = run_id or uuid.uuid4().hex[:12]
         layout = RunLayout(config.run_dir.resolve())
         prefix = _container_prefix(slurm)
         env = job_environment(config, layout, run_id, None, watchdog)  # each node adds its name
+        ranks = rank_command(config, layout, watchdog)
+        spmd = spmd_shape(config, layout, env, ranks) if mode == "spmd" else None
+        nproc = spmd.nproc_per_node if spmd else config.launch.nproc_per_node
         node_job = NodeJob(
-            str(layout.run_dir),
-            run_id,
-            config.launch.python,
-            config.launch.nproc_per_node,
-            rank_command(config, layout, watchdog),
-            env,
-            watchdog,
-        )
+            str(layout.run_dir), run_id, config.launch.python, nproc, ranks,
+            spmd.trainer_env if spmd else env, watchdog, spmd.servers if spmd else None,
+        )  # fmt: skip
         folder = str(layout.logs_dir / "submitit")
-        parameters = _sbatch_parameters(config, slurm, layout, prefix, watchdog)
+        parameters = _sbatch_parameters(config, slurm, layout, prefix, watchdog, nproc)
         python_cmd = shlex.join([*prefix, config.launch.python])
         script = render_sbatch(parameters, folder, python_cmd)
-        processes = [
-            ProcessSpec(
-                "job: one torchrun per node (submitit task)", node_job.preview(config.n_nodes), env
-            )
-        ]
-        if watchdog:
-            processes.append(
-                ProcessSpec(
-                    "watchdog: one sidecar per node (the setup lines)",
-                    [*prefix, *sidecar_command(config.launch.python, layout)],
-                    kind="watchdog",
-                )
-            )
-        n_ranks = config.n_nodes * config.launch.nproc_per_node
-        info = LaunchInfo.for_config(config, run_id, "slurm", layout.run_dir, n_ranks, [])
+        processes = _node_processes(config, layout, node_job, prefix, watchdog)
+        n_ranks = spmd.world_size if spmd else config.n_nodes * nproc
+        info = LaunchInfo.for_config(config, run_id, "slurm", layout.run_dir, n_ranks, [], mode)
+        info = replace(info, nproc_per_node=nproc)
         return LaunchPlan(
             backend=self.name,
             run_id=run_id,
             run_dir=str(layout.run_dir),
-            files=launch_files(config, info, watchdog),
+            files=launch_files(config, info, watchdog, spmd.tree if spmd else None),
             processes=processes,
-            reset_paths=[str(p) for p in stale_state(layout)],
+            reset_paths=[str(p) for p in stale_state(layout)] + (spmd.reset_paths if spmd else []),
+            dirs=spmd.dirs if spmd else [],
             notes=[f"sbatch script (submitted through submitit, logs in {folder}):", "", script],
             payload=Submission(parameters, node_job, folder, python_cmd),
             dir_mode=config.launch.run_dir_mode,
+            mode=mode,
         )
 
     def execute(self, plan: LaunchPlan, out: TextIO = sys.stdout) -> int:
@@ -135,6 +123,36 @@ class SlurmBackend:
         return wait_for_job(job_id, Path(plan.run_dir))
 
 
+def _node_processes(
+    config: JobConfig, layout: RunLayout, node_job: NodeJob, prefix: list[str], watchdog: bool
+) -> list[ProcessSpec]:
+    """What the dry run shows: each node's task (the server launcher on SPMD's first nodes,
+    torchrun on the others, with the values only Slurm knows as ``$SLURM_*``) and the sidecars."""
+    servers = node_job.servers
+    n_trainers = config.n_nodes - (servers.count if servers else 0)
+    processes = []
+    if servers is not None:
+        name = f"servers: AReaL's server launcher on the first {servers.count} node(s)"
+        processes.append(ProcessSpec(name, servers.argv, servers.env, kind="service"))
+    processes.append(
+        ProcessSpec(
+            f"job: one torchrun per node on {n_trainers} node(s) (submitit task)",
+            node_job.preview(n_trainers),
+            node_job.env,
+            after=servers.gate if servers else None,
+        )  # fmt: skip
+    )
+    if watchdog:
+        processes.append(
+            ProcessSpec(
+                "watchdog: one sidecar per node (the setup lines)",
+                [*prefix, *sidecar_command(config.launch.python, layout)],
+                kind="watchdog",
+            )
+        )
+    return processes
+
+
 def sidecar_command(python: str, layout: RunLayout) -> list[str]:
     """The sidecar each node runs (the setup template starts it)."""
     return [
@@ -153,8 +171,9 @@ def _container_prefix(slurm: dict[str, Any]) -> list[str]:
 
 
 def _sbatch_parameters(
-    config: JobConfig, slurm: dict[str, Any], layout: RunLayout, prefix: list[str], watchdog: bool
-) -> dict[str, Any]:
+    config: JobConfig, slurm: dict[str, Any], layout: RunLayout, prefix: list[str],
+    watchdog: bool, nproc: int,
+) -> dict[str, Any]:  # fmt: skip
     """submitit's parameters, the rendered setup and teardown lines included."""
     values = _template_values(slurm, layout, config.n_nodes, prefix, config.launch.python)
     parameters: dict[str, Any] = {
@@ -162,7 +181,7 @@ def _sbatch_parameters(
         "nodes": config.n_nodes,
         "ntasks_per_node": 1,
         "time": slurm["time"],
-        "cpus_per_task": slurm.get("cpus_per_task") or config.launch.nproc_per_node,
+        "cpus_per_task": slurm.get("cpus_per_task") or nproc,
         "setup": _template_lines(slurm, "slurm_setup.sh", values) if watchdog else [],
         "teardown": _template_lines(slurm, "slurm_teardown.sh", values) if watchdog else [],
         "srun_args": [str(a) for a in slurm.get("srun_args") or []],

@@ -2,7 +2,8 @@
 
 It starts torchrun for this node's ranks (``--nnodes``, ``--node-rank``, rendezvous on the first
 node's address), records how it ended for the sidecars, and gives the watchdog a bounded moment
-to write its final report before the step ends.
+to write its final report before the step ends. In AReaL's SPMD mode the first nodes run AReaL's
+inference-server launcher instead, and the others start torchrun once the servers registered.
 """
 
 from __future__ import annotations
@@ -15,10 +16,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from areal_watchdog.common.atomic import read_json, write_json_atomic
+from areal_watchdog.launch.gate import pass_gate
+from areal_watchdog.launch.plan import Gate
 from areal_watchdog.launch.torchrun import multi_node, torchrun_command
 from areal_watchdog.rundir.layout import ENV_NODE, RunLayout
 
 SIDECAR_FINISH_WAIT = 30.0  # seconds to wait for the leading sidecar's final word
+
+
+@dataclass(frozen=True)
+class ServerNodes:
+    """AReaL's SPMD mode in one job: the first ``count`` nodes run AReaL's server launcher
+    (``argv`` with ``env``); the others wait at ``gate`` until the servers registered, then run
+    torchrun with their addresses."""
+
+    count: int
+    argv: list[str]
+    env: dict[str, str]
+    gate: Gate
 
 
 @dataclass(frozen=True)
@@ -32,6 +47,7 @@ class NodeJob:
     rank_command: list[str]  # what torchrun runs on every rank
     env: dict[str, str]
     watchdog: bool
+    servers: ServerNodes | None = None
 
     def __call__(self) -> int:
         return run_node(self)
@@ -49,9 +65,10 @@ class NodeJob:
 
     def preview(self, n_nodes: int) -> list[str]:
         """The same command as ``--dry-run`` shows it, before Slurm has allocated the nodes."""
-        return self.command(
-            "$SLURMD_NODENAME", "$SLURM_NODEID", n_nodes, "$FIRST_NODE_ADDR", "$RENDEZVOUS_PORT"
-        )
+        serving = self.servers.count if self.servers else 0
+        node_rank = f"$((SLURM_NODEID-{serving}))" if serving else "$SLURM_NODEID"
+        first = "$FIRST_TRAINER_NODE_ADDR" if serving else "$FIRST_NODE_ADDR"
+        return self.command("$SLURMD_NODENAME", node_rank, n_nodes, first, "$RENDEZVOUS_PORT")
 
 
 def slurm_nodes() -> list[str]:
@@ -81,28 +98,72 @@ def rendezvous_port(job_id: str) -> int:
 
 
 def run_node(job: NodeJob) -> int:
-    """Run this node's torchrun to its end; raise on failure so Slurm sees it."""
+    """Run this node's share to its end (torchrun, or AReaL's inference servers); raise on
+    failure so Slurm sees it."""
     node = os.environ["SLURMD_NODENAME"]
     nodes = slurm_nodes()
     layout = RunLayout(Path(job.run_dir))
-    port = rendezvous_port(os.environ["SLURM_JOB_ID"])
-    cmd = job.command(node, str(nodes.index(node)), len(nodes), node_address(nodes[0]), str(port))
-    env = {**os.environ, **job.env, ENV_NODE: node}
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):  # submitit's own, not torchrun's
-        env.pop(name, None)
-    print(f"[areal-launch {node}] {' '.join(cmd)}", flush=True)
-    proc = subprocess.Popen(cmd, env=env, stdout=sys.stdout, stderr=sys.stderr)
-    returncode = proc.wait()
-    layout.job_exit_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(
-        layout.job_exit(node),
-        {"run_id": job.run_id, "node": node, "returncode": returncode, "time": time.time()},
-    )
+    serving = job.servers.count if job.servers else 0
+    if job.servers is not None and nodes.index(node) < serving:
+        returncode = _serve(job.servers, job.run_id, layout, node, nodes[serving:])
+    else:
+        returncode = _train(job, node, nodes[serving:])
+    _record_end(layout, job.run_id, node, returncode)
     if job.watchdog:
         _wait_for_report(layout, job.run_id)
     if returncode != 0:
-        raise RuntimeError(f"torchrun on {node} exited with code {returncode}")
+        raise RuntimeError(f"node {node}'s part of the job exited with code {returncode}")
     return returncode
+
+
+def _train(job: NodeJob, node: str, trainers: list[str]) -> int:
+    """torchrun for this node's ranks, once the inference servers registered (SPMD)."""
+    extra: dict[str, str] | None = {}
+    if job.servers is not None:
+        extra = pass_gate(job.servers.gate, lambda: None, lambda m: _say(node, m))
+        if extra is None:
+            return 1
+    port = rendezvous_port(os.environ["SLURM_JOB_ID"])
+    master = node_address(trainers[0])
+    cmd = job.command(node, str(trainers.index(node)), len(trainers), master, str(port))
+    env = {**os.environ, **job.env, **extra, ENV_NODE: node}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):  # submitit's own, not torchrun's
+        env.pop(name, None)
+    _say(node, " ".join(cmd))
+    return subprocess.Popen(cmd, env=env, stdout=sys.stdout, stderr=sys.stderr).wait()
+
+
+def _serve(
+    servers: ServerNodes, run_id: str, layout: RunLayout, node: str, trainers: list[str]
+) -> int:
+    """AReaL's server launcher, until the trainer nodes ended (then it is stopped, and the
+    trainers' worst exit code is this node's) or the servers die."""
+    env = {**os.environ, **servers.env, ENV_NODE: node}
+    _say(node, " ".join(servers.argv))
+    proc = subprocess.Popen(servers.argv, env=env, stdout=sys.stdout, stderr=sys.stderr)
+    while proc.poll() is None:
+        ends = [read_json(layout.job_exit(n)) for n in trainers]
+        if all(isinstance(e, dict) and e.get("run_id") == run_id for e in ends):
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            return max(int(e.get("returncode") or 0) for e in ends)  # type: ignore[union-attr]
+        time.sleep(1)
+    return proc.returncode
+
+
+def _record_end(layout: RunLayout, run_id: str, node: str, returncode: int) -> None:
+    layout.job_exit_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(
+        layout.job_exit(node),
+        {"run_id": run_id, "node": node, "returncode": returncode, "time": time.time()},
+    )
+
+
+def _say(node: str, message: str) -> None:
+    print(f"[areal-launch {node}] {message}", flush=True)
 
 
 def _wait_for_report(layout: RunLayout, run_id: str) -> None:
