@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_diagnose import run_diagnose_benchmarks  # noqa: E402
 from bench_faults import run_fault_benchmarks  # noqa: E402
 from bench_notify import run_notify_benchmarks  # noqa: E402
+from bench_scale import run_scale_benchmarks  # noqa: E402
 from bench_trajectory import run_trajectory_benchmarks  # noqa: E402
 from bench_watchdog import run_watchdog_benchmarks  # noqa: E402
 
@@ -25,6 +26,7 @@ TOPICS = {
     "trajectory": run_trajectory_benchmarks,
     "faults": run_fault_benchmarks,
     "diagnose": run_diagnose_benchmarks,
+    "scale": run_scale_benchmarks,
 }
 
 

@@ -121,7 +121,7 @@ def test_a_forged_record_never_gets_another_process_signalled(tmp_path: Path) ->
             record = {"run_id": "r1", "rank": rank, "world_size": 2, "node": "n", "pid": victim.pid,
                       "started_at": started, "cooperative_signal": 9}  # fmt: skip
             write_json_atomic(layout.registration(rank), record)
-        assert discover(layout, Scope("r1", "n", world_size=2)).ranks == {}
+        assert discover(layout, Scope("r1", "n", world_size=2), expected=2).ranks == {}
         assert theirs.poll() is None and ours.poll() is None
     finally:
         for proc in (theirs, ours):

@@ -159,8 +159,8 @@ def test_dry_run_prints_the_sbatch_script_and_creates_nothing(
         "#SBATCH --cpus-per-task=2",
     ):
         assert line in out
-    assert "srun --overlap --nodes=1 --ntasks=1 --ntasks-per-node=1" in out
-    assert "for areal_node in $(scontrol show hostnames" in out
+    assert "srun --overlap --nodes=2 --ntasks=2 --ntasks-per-node=1" in out  # one step
+    assert "--kill-on-bad-exit=0 --no-kill" in out and out.count("srun --overlap") == 1
     assert "apptainer exec img.sif " in out and "-m areal_watchdog.watch.sidecar" in out
     assert "--mpi=none" in out and "submitit.core._submit" in out
     assert "watchdog/finished.json ] && break" in out  # the teardown waits for the last word

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 
@@ -75,26 +76,23 @@ class Scope:
     controller_config: str = ""  # the job config path only the controller holds
 
 
-def discover(layout: RunLayout, scope: Scope) -> Discovered:
-    """Every live, verified process of the run on this node."""
+def discover(layout: RunLayout, scope: Scope, expected: int = 0) -> Discovered:
+    """Every live, verified process of the run on this node. The environment says it all for
+    processes we may read; the registration files (one per rank of the whole job, on the shared
+    filesystem) are only listed when fewer than ``expected`` ranks were found that way."""
     owner = _owner(layout)
-    found = Discovered(ranks=_from_registrations(layout, scope, owner))
+    found = Discovered()
     for proc in _from_environment(layout, scope, owner):
         if proc.rank is None:
             found.workers[proc.pid] = proc
-            continue
-        known = found.ranks.get(proc.rank)
-        if known and known.pid == proc.pid and proc.cooperative_signal is None:
-            proc = _with_signal(proc, known.cooperative_signal)
-        found.ranks[proc.rank] = proc
+        else:
+            found.ranks[proc.rank] = proc
+    if len(found.ranks) < expected:
+        for rank, proc in _from_registrations(layout, scope, owner).items():
+            found.ranks.setdefault(rank, proc)
     if scope.world_size is not None:
         found.ranks = {r: p for r, p in found.ranks.items() if 0 <= r < scope.world_size}
     return found
-
-
-def _with_signal(proc: JobProcess, signal: int | None) -> JobProcess:
-    fields = {**proc.__dict__, "cooperative_signal": signal}
-    return JobProcess(**fields)
 
 
 def _owner(layout: RunLayout) -> int:
@@ -193,17 +191,18 @@ def _job_process(
 ) -> JobProcess | None:
     if who.role == "rank":
         try:
+            rank = int(env["RANK"])
             return JobProcess(
                 pid=pid,
                 node=scope.node,
                 create_time=create_time,
-                rank=int(env["RANK"]),
+                rank=rank,
                 local_rank=int(env.get("LOCAL_RANK", "0")),
                 world_size=int(env.get("WORLD_SIZE", "1")),
+                cooperative_signal=_armed(layout.stack_file(rank)),
             )
         except (KeyError, ValueError):
             return None
-    armed = layout.process_stack_file(pid).is_file()
     holds_rank = who.role == scope.rank_role and who.index is not None
     return JobProcess(
         pid=pid,
@@ -215,6 +214,12 @@ def _job_process(
         local_rank=0 if holds_rank else None,
         world_size=scope.world_size if holds_rank else None,
         address=who.address,
-        cooperative_signal=COOPERATIVE_SIGNAL if armed else None,
+        cooperative_signal=_armed(layout.process_stack_file(pid)),
         hooked=True,
     )
+
+
+def _armed(stack_file: Path) -> int | None:
+    """Our signal, when the process armed its cooperative dump (it opened its stack file in our
+    run directory, which nobody else may write)."""
+    return COOPERATIVE_SIGNAL if stack_file.is_file() else None

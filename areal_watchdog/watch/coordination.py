@@ -1,17 +1,28 @@
-"""How the sidecars of one job work together through the shared run directory.
+"""How the sidecars of one job work together through the shared run directory, at a cost per
+node that does not grow with the number of nodes.
 
-Every sidecar publishes its node's status (``watchdog/status/<node>.json``) every poll. The
-leader is the first node, in the job's node order, whose status is still moving; when it stops
-moving, the next one takes over. The leader asks every node for evidence through one well-known
-file (``watchdog/requests/current.json``), each node answers with
-``watchdog/evidence/<request>/<node>.json``, and the leader waits a bounded time.
+Every sidecar publishes its node's status (``watchdog/status/<node>.json``), but only as often
+as liveness needs: every ``node_timeout / 3`` (``PUBLISH_FRACTION``), or at once when something a
+peer must know changed (the node's job ended, an evidence request). The leader is the first node,
+in the job's node order, whose status is still moving.
+
+- A **follower** reads one file per poll: the status of the node it believes leads. That status
+  carries the leader's current evidence request, so no other file is polled. Only while the
+  leader it watches stays silent does it look further down the order (one more file per poll),
+  and takes over when every node before it is silent.
+- The **leader** reads every node's status every ``node_timeout / 3``: a node whose status has
+  not moved for ``node_timeout`` is lost, named within ``node_timeout`` plus one such period.
+
+So at 1,024 nodes and ``poll_interval: 1`` a follower does about 1.6 file operations a second
+(one read a poll, a write and a rename every 3.3 s) where it used to read all 1,024 statuses a
+poll (``benchmarks/bench_scale.py``; docs/slurm.md has the table).
 
 Built for shared filesystems such as NFS:
 
 - a node is judged by whether its status *changes* (a counter), timed by the reader's own clock,
   so clock skew between nodes does not matter and attribute caching only delays a verdict;
 - readers open files by known names (NFS's close-to-open consistency revalidates them) instead of
-  relying on directory listings;
+  relying on directory listings, but for joining nodes (AReaL on Slurm) and collecting evidence;
 - every file is written to a temporary name and renamed, and a half-written or unreadable file
   reads as absent;
 - writing an incident is claimed with an exclusive create (``O_EXCL``), so two sidecars that both
@@ -30,6 +41,9 @@ from typing import Any
 
 from areal_watchdog.common.atomic import read_json, write_json_atomic
 from areal_watchdog.rundir.layout import RunLayout
+
+PUBLISH_FRACTION = 3  # a status is rewritten every node_timeout / 3: two may be missed
+COLLECT_POLL_MAX = 0.5  # seconds between two looks for evidence answers, at most
 
 
 @dataclass
@@ -50,11 +64,26 @@ class Coordinator:
     dynamic: bool = False  # nodes join by publishing (AReaL's jobs land where Slurm puts them)
     seq: int = 0
     seen: dict[str, _Seen] = field(default_factory=dict)
+    statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
     started_at: float = field(default_factory=time.monotonic)
-    scanned_at: float = 0.0
+    published_at: float = -1e9
+    scanned_at: float = -1e9
+    request: dict[str, Any] | None = None  # ours, as leader: carried in our status
+    last_status: dict[str, Any] = field(default_factory=dict)
+    leading: str = ""  # the leader, as the last refresh found it
 
-    def publish(self, status: dict[str, Any]) -> None:
-        """Write this node's status; the counter tells readers it is alive."""
+    @property
+    def interval(self) -> float:
+        """How often a status is written, and how often the leader reads them all."""
+        return self.node_timeout / PUBLISH_FRACTION
+
+    # ----------------------------------------------------------------- status
+    def publish(self, status: dict[str, Any], force: bool = False) -> bool:
+        """Write this node's status when it is due (or ``force``); True if it was written.
+        The counter tells readers the node is alive."""
+        if not force and not self.due():
+            return False
+        self.last_status = status
         self.seq += 1
         record = {
             **status,
@@ -62,12 +91,19 @@ class Coordinator:
             "node": self.node,
             "seq": self.seq,
             "time": time.time(),
+            "request": self.request,
         }
+        self.published_at = time.monotonic()
+        path = self.layout.node_status(self.node)
         try:
-            self.layout.status_dir.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(self.layout.node_status(self.node), record)
+            try:
+                write_json_atomic(path, record)
+            except FileNotFoundError:  # the first status of the job: make its folder
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_json_atomic(path, record)
         except OSError:
-            pass
+            return False
+        return True
 
     def read_status(self, node: str) -> dict[str, Any] | None:
         record = read_json(self.layout.node_status(node))
@@ -76,22 +112,43 @@ class Coordinator:
         return None
 
     def refresh(self) -> dict[str, dict[str, Any]]:
-        """Read every node's status and note which counters moved."""
+        """Read what this node needs this poll (see the module's docstring); the statuses
+        known, each as last read."""
         now = time.monotonic()
-        if self.dynamic and now - self.scanned_at >= self.node_timeout / 4:
-            self.scanned_at = now
+        for node in self.nodes[: self.nodes.index(self.node)]:
+            self._read(node, now)  # the node that leads; the next ones only while it is silent
+            if self.alive(node):
+                self.leading = node
+                return self.statuses
+        self.leading = self.node  # every node before us is silent (or none is): we lead
+        if now - self.scanned_at >= self.interval:
+            self.read_all()
+        return self.statuses
+
+    def read_all(self) -> dict[str, dict[str, Any]]:
+        """Every node's status now (the leader's periodic look; a sidecar whose job is ending
+        and must tell a silent peer from one that only has not spoken yet)."""
+        now = self.scanned_at = time.monotonic()
+        if self.dynamic:
             self.join_new_nodes()
-        statuses = {}
         for node in self.nodes:
-            record = self.read_status(node)
-            if record is None:
-                continue
-            statuses[node] = record
-            seq = int(record.get("seq", 0))
-            seen = self.seen.get(node)
-            if seen is None or seen.seq != seq:
-                self.seen[node] = _Seen(seq, now)
-        return statuses
+            if node != self.node:
+                self._read(node, now)
+        return self.statuses
+
+    def due(self) -> bool:
+        """Time to publish again (and to look at what only matters that often)."""
+        return time.monotonic() - self.published_at >= self.interval
+
+    def _read(self, node: str, now: float) -> None:
+        record = self.read_status(node)
+        if record is None:
+            return
+        self.statuses[node] = record
+        seq = int(record.get("seq", 0))
+        seen = self.seen.get(node)
+        if seen is None or seen.seq != seq:
+            self.seen[node] = _Seen(seq, now)
 
     def join_new_nodes(self) -> None:
         """Nodes that published a status since the last look join the job, after the known
@@ -115,36 +172,26 @@ class Coordinator:
         return [n for n in self.nodes if n not in finished and not self.alive(n)]
 
     def leader(self) -> str:
-        """The first node in job order that is alive."""
-        for node in self.nodes:
-            if self.alive(node):
-                return node
-        return self.node
+        """The first node in job order that was alive at the last refresh (decided there, on
+        what was read there: never on nodes this sidecar has not looked at)."""
+        return self.leading or self.nodes[0]
 
     def is_leader(self) -> bool:
         return self.leader() == self.node
 
     # ------------------------------------------------------------- evidence
     def request_evidence(self, trigger: str) -> str:
+        """Ask every node for its evidence: the request rides in our status, written now."""
         request_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
-        (self.layout.watch_dir / "requests").mkdir(parents=True, exist_ok=True)
-        write_json_atomic(
-            self._request_file(),
-            {
-                "run_id": self.run_id,
-                "id": request_id,
-                "trigger": trigger,
-                "by": self.node,
-                "time": time.time(),
-            },
-        )
+        self.request = {"id": request_id, "trigger": trigger, "by": self.node, "time": time.time()}
+        self.publish(self.last_status, force=True)
         return request_id
 
     def current_request(self) -> dict[str, Any] | None:
-        record = read_json(self._request_file())
-        if isinstance(record, dict) and record.get("run_id") == self.run_id:
-            return record
-        return None
+        """The request of the node we follow, as its status last said."""
+        leader = self.statuses.get(self.leader()) if not self.is_leader() else None
+        request = leader.get("request") if leader else None
+        return request if isinstance(request, dict) and request.get("id") else None
 
     def answer(self, request_id: str, payload: dict[str, Any]) -> None:
         directory = self.layout.watch_dir / "evidence" / request_id
@@ -154,19 +201,22 @@ class Coordinator:
     def collect(
         self, request_id: str, nodes: list[str], timeout: float, poll: float = 0.05
     ) -> dict[str, dict[str, Any]]:
-        """The answers that arrive from ``nodes`` within ``timeout`` seconds."""
+        """The answers that arrive from ``nodes`` within ``timeout`` seconds. One directory
+        listing per look, then a read per new answer; looks grow sparser (up to
+        ``COLLECT_POLL_MAX``) so that a thousand answers cost a thousand reads, not a million."""
         directory = self.layout.watch_dir / "evidence" / request_id
         deadline = time.monotonic() + timeout
+        wanted = set(nodes)
         answers: dict[str, dict[str, Any]] = {}
         while True:
-            for node in nodes:
-                if node not in answers:
-                    record = read_json(directory / f"{node}.json")
-                    if isinstance(record, dict):
-                        answers[node] = record
-            if len(answers) == len(nodes) or time.monotonic() >= deadline:
+            for node in sorted(_listed(directory) & (wanted - set(answers))):
+                record = read_json(directory / f"{node}.json")
+                if isinstance(record, dict):
+                    answers[node] = record
+            if len(answers) == len(wanted) or time.monotonic() >= deadline:
                 return answers
-            time.sleep(poll)
+            time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+            poll = min(COLLECT_POLL_MAX, poll * 2)
 
     def claim(self, key: str) -> bool:
         """True for exactly one caller per key across all nodes (an exclusive create). When the
@@ -186,5 +236,10 @@ class Coordinator:
             fh.write(self.node)
         return True
 
-    def _request_file(self) -> Path:
-        return self.layout.watch_dir / "requests" / "current.json"
+
+def _listed(directory: Path) -> set[str]:
+    """The nodes that answered: names in the evidence directory (``<node>.json``)."""
+    try:
+        return {n[: -len(".json")] for n in os.listdir(directory) if n.endswith(".json")}
+    except OSError:
+        return set()

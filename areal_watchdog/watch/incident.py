@@ -200,11 +200,15 @@ class Incidents:
             traces.update(answer.get("flight_records") or {})
             servers += answer.get("servers") or []
         ranks += self.missing_ranks(ranks, statuses)
+        silent = set(peers) - set(answers)
+        if silent:  # a node that did not answer and has fallen silent meanwhile is lost
+            self.coordinator.read_all()
+            lost = [*lost, *sorted(n for n in silent if not self.coordinator.alive(n))]
         evidence = Evidence(
             world_size=self.info.world_size,
             ranks=sorted(ranks, key=lambda r: r.rank),
             first_step_seen=self.clock.first_step_at is not None,
-            unanswered_nodes=sorted(set(peers) - set(answers) | set(lost)),
+            unanswered_nodes=sorted(silent | set(lost)),
             lost_nodes=sorted(lost),
             flight_records=traces,
             servers=_with_owners(servers, workers),

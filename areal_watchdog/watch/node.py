@@ -78,7 +78,7 @@ class NodeWatch:
         """Find new processes (a full scan only now and then) and sample the known ones."""
         self.polls += 1
         if force or len(self.live) < self.expected or self.polls % DISCOVERY_EVERY == 1:
-            found = discover(self.layout, self.scope)
+            found = discover(self.layout, self.scope, self.expected)
             for rank, proc in found.ranks.items():
                 self._adopt(self.live, self.gone, rank, proc, now)
             for pid, proc in found.workers.items():
@@ -149,6 +149,10 @@ class NodeWatch:
             self.log(f"GPU sampling failed: {exc}")
             return
         self.gpus.update(samples, {w.proc.pid for w in self.live.values()}, now)
+
+    def local_ranks(self) -> list[int]:
+        """The ranks of this node, live or ended."""
+        return sorted({*self.live, *self.gone})
 
     def pids(self) -> list[int]:
         """Every live process of the job here: the ranks, then the other parts."""

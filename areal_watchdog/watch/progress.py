@@ -119,28 +119,27 @@ class HeartbeatState:
     pause_reason: str = ""
 
 
-def read_heartbeats(layout: RunLayout, run_id: str) -> HeartbeatState:
-    """Read every heartbeat and pause file of this run."""
+def read_heartbeats(layout: RunLayout, run_id: str, ranks: list[int]) -> HeartbeatState:
+    """The heartbeat and pause files of ``ranks`` (this node's: the other nodes' reach the
+    leader through their sidecars' statuses), read by name."""
     state = HeartbeatState()
-    try:
-        names = os.listdir(layout.heartbeats_dir)
-    except OSError:
-        return state
-    for name in names:
-        if not name.endswith(".json") or name.startswith("."):
-            continue
-        record = read_json(layout.heartbeats_dir / name)
-        if not isinstance(record, dict) or record.get("run_id") != run_id:
-            continue
-        if name.startswith("pause_"):
-            until = float(record.get("until", 0))
-            if until > state.pause_until:
-                state.pause_until, state.pause_reason = until, str(record.get("reason", ""))
-            continue
-        step = record.get("step")
-        if isinstance(step, int) and (state.max_step is None or step > state.max_step):
-            state.max_step = step
+    for rank in ranks:
+        for path in (layout.heartbeat(rank), layout.pause(rank)):
+            record = read_json(path)
+            if isinstance(record, dict) and record.get("run_id") == run_id:
+                _merge(state, record, path.name.startswith("pause_"))
     return state
+
+
+def _merge(state: HeartbeatState, record: dict, pause: bool) -> None:
+    if pause:
+        until = float(record.get("until", 0))
+        if until > state.pause_until:
+            state.pause_until, state.pause_reason = until, str(record.get("reason", ""))
+        return
+    step = record.get("step")
+    if isinstance(step, int) and (state.max_step is None or step > state.max_step):
+        state.max_step = step
 
 
 @dataclass
@@ -176,6 +175,15 @@ class StallClock:
         self.last_progress_at = now
         return True
 
+    def adopt(self, step: object, progress_at: object) -> None:
+        """Take the leader's view of progress (a follower keeps it, to lead if it must)."""
+        if not isinstance(step, int) or not isinstance(progress_at, (int, float)):
+            return
+        if self.last_step is None or step > self.last_step:
+            self.last_step = step
+            self.first_step_at = self.first_step_at or float(progress_at)
+        self.last_progress_at = max(self.last_progress_at, float(progress_at))
+
     def hold(self, now: float) -> None:
         """An announced pause is in force: the silence so far does not count."""
         self.last_progress_at = max(self.last_progress_at, now)
@@ -201,8 +209,9 @@ class StallClock:
         return self.last_progress_at + self.threshold
 
 
-def default_log_patterns(layout: RunLayout, info: LaunchInfo) -> list[str]:
-    """Where the step lines are: rank 0's torchrun logs, and the file of AReaL's log directory
+def default_log_patterns(layout: RunLayout, info: LaunchInfo, first_node: str = "*") -> list[str]:
+    """Where the step lines are: rank 0's torchrun log (on the job's first node, where global
+    rank 0 runs: one file to follow, not one a node), and the file of AReaL's log directory
     for this trial that carries StatsLogger's line (``main.log`` from the single controller,
     ``trainer.log`` from SPMD's global rank 0; any ``*.log`` for a plain script). Only the
     launching user's directory (``<fileroot>/logs/<user>/...``, the user who owns the run
@@ -210,12 +219,15 @@ def default_log_patterns(layout: RunLayout, info: LaunchInfo) -> list[str]:
     progress."""
     areal = Path(info.fileroot) / "logs" / _owner_name(layout) / info.experiment_name
     areal = areal / info.trial_name
-    torchrun = str(layout.torchrun_logs_dir / "*" / "*" / "attempt_*" / "0" / "std*.log")
+
+    def rank0(node: str) -> str:
+        return str(layout.torchrun_logs_dir / node / "*" / "attempt_*" / "0" / "std*.log")
+
     if info.mode == "single_controller":
         return [str(areal / "main.log")]
-    if info.mode == "spmd":
-        return [torchrun, str(areal / "trainer.log")]
-    return [torchrun, str(areal / "*.log")]
+    if info.mode == "spmd":  # on Slurm rank 0 runs on the first node after the servers'
+        return [rank0("*"), str(areal / "trainer.log")]
+    return [rank0(first_node), str(areal / "*.log")]
 
 
 def _owner_name(layout: RunLayout) -> str:

@@ -39,6 +39,7 @@ from areal_watchdog.watch.incident import Incidents, local_evidence
 from areal_watchdog.watch.node import NodeWatch
 from areal_watchdog.watch.progress import (
     LINE_BUDGET_S,
+    HeartbeatState,
     StallClock,
     StepLogTail,
     default_log_patterns,
@@ -78,7 +79,7 @@ class Sidecar:
         self.clock = StallClock(
             wd.stall_timeout, wd.startup_timeout, wd.auto_factor, wd.auto_min_timeout
         )
-        patterns = default_log_patterns(self.layout, self.info)
+        patterns = default_log_patterns(self.layout, self.info, self.nodes[0])
         self.tail = StepLogTail(patterns + list(wd.log_files), wd.step_regex)
         specs = [SinkSpec.from_dict(d) for d in wd.notify]
         self.notifier = Notifier(
@@ -103,6 +104,9 @@ class Sidecar:
             self.clock, self.notifier, self.say,
         )  # fmt: skip
         self.statuses: dict[str, dict[str, Any]] = {}
+        self.published: dict[str, Any] = {}  # what peers act on, as last published
+        self.own_exit: dict[str, Any] | None = None  # this node's job_exit record, once seen
+        self.beats = HeartbeatState()
         self.last_said = ""
         self.gone_since: float | None = None
         self.exited_at: float | None = None
@@ -171,23 +175,29 @@ class Sidecar:
             self.say(f"watchdog error, still watching: {type(exc).__name__}: {exc}")
 
     def poll(self, now: float) -> None:
-        """One observation; the leader may open an incident."""
-        if not self.run_dir_present():
+        """One observation; the leader may open an incident. A follower reads one file a poll
+        (the leader's status); what matters less often waits until its status is due."""
+        due = self.coordinator.due()
+        if due and not self.run_dir_present():
             return
         self.incidents.write_pending()
-        self.observe_progress(now)
+        self.statuses = self.coordinator.refresh()
+        leading = self.coordinator.is_leader()
+        self.observe_progress(now, leading, due)
         self.watch.refresh(now)
         self.watch.sample_gpus(now)
-        self.statuses = self.coordinator.refresh()
         self.answer_request()
-        exited = self.exit_record(self.node) is not None
-        if exited:
+        if self.own_exit is None and (leading or due) and not self.watch.live:
+            self.own_exit = self.exit_record(self.node)  # read only while no rank runs here
+        if self.own_exit is not None:
             self.exited_at = self.exited_at or time.monotonic()
             self.watch.all_gone()
-        self.publish("exited" if exited else "watching")
-        if self.coordinator.is_leader():
+        self.publish("exited" if self.own_exit is not None else "watching")
+        if leading:
             self.lead(now)
-        elif exited and (self.finished() or time.monotonic() - self.exited_at > FOLLOWER_LINGER):
+        elif self.own_exit is not None and (
+            self.finished() or time.monotonic() - (self.exited_at or 0) > FOLLOWER_LINGER
+        ):
             self.done = True
 
     def run_dir_present(self) -> bool:
@@ -204,29 +214,39 @@ class Sidecar:
         return False
 
     def publish(self, state: str) -> None:
+        """Our status: when due, or at once when what peers act on changed."""
+        status = self.status(state)
+        news = {k: status[k] for k in ("state", "ranks_gone", "last_incident")}
         try:
-            self._publish(state)
+            if self.coordinator.publish(status, force=news != self.published):
+                self.published = news
         except OSError as exc:  # a full disk: peers miss one status, the watching goes on
             self.log(f"cannot publish the node status: {exc}")
 
-    def _publish(self, state: str) -> None:
+    def status(self, state: str) -> dict[str, Any]:
         written = self.incidents.written
-        self.coordinator.publish(
-            {
-                "state": state,
-                "last_step": self.clock.last_step,
-                "last_progress_at": self.clock.last_progress_at,
-                "leader": self.coordinator.leader(),
-                "gpus": len(self.watch.gpus.last),
-                "gpu_quiet_since": self.watch.gpus.quiet_since,
-                "job_id": self.job_id,
-                "last_incident": str(written[-1]) if written else None,
-                **self.watch.summary(),
-            }
-        )
+        return {
+            "state": state,
+            "returncode": (self.own_exit or {}).get("returncode"),
+            "last_step": self.clock.last_step,
+            "last_progress_at": self.clock.last_progress_at,
+            "local_step": self.beats.max_step,
+            "pause_until": self.beats.pause_until,
+            "pause_reason": self.beats.pause_reason,
+            "leader": self.coordinator.leader(),
+            "gpus": len(self.watch.gpus.last),
+            "gpu_quiet_since": self.watch.gpus.quiet_since,
+            "job_id": self.job_id,
+            "last_incident": str(written[-1]) if written else None,
+            **self.watch.summary(),
+        }
 
-    def observe_progress(self, now: float) -> None:
-        steps = self.tail.poll()
+    def observe_progress(self, now: float, leading: bool, due: bool) -> None:
+        """The leader follows the step lines, this node's heartbeats every poll and the other
+        nodes' through their statuses; a follower reads its own ranks' heartbeats when its
+        status is due (it carries them to the leader) and takes the job's progress from the
+        leader's status, so that it is up to date the moment it has to lead."""
+        steps = self.tail.poll() if leading else []
         if self.tail.slow_lines and not self.slow_said:
             self.slow_said = True
             self.say(
@@ -234,17 +254,26 @@ class Sidecar:
                 f"{LINE_BUDGET_S * 1000:.0f} ms on a log line (catastrophic backtracking?): such "
                 "lines are skipped; simplify the pattern"
             )
-        beats = read_heartbeats(self.layout, self.info.run_id)
-        if beats.max_step is not None:
-            steps.append(beats.max_step)
+        if leading or due:
+            self.beats = read_heartbeats(self.layout, self.info.run_id, self.watch.local_ranks())
+        steps += [s for s in (self.beats.max_step,) if s is not None]
+        pause_until, pause_reason = self.beats.pause_until, self.beats.pause_reason
+        for node, status in self.statuses.items():
+            if node == self.node:
+                continue
+            steps += [s for s in (status.get("local_step"),) if isinstance(s, int)]
+            if float(status.get("pause_until") or 0) > pause_until:
+                pause_until, pause_reason = float(status["pause_until"]), status["pause_reason"]
+            if not leading and node == self.coordinator.leader():
+                self.clock.adopt(status.get("last_step"), status.get("last_progress_at"))
         progress = [s for s in steps if self.clock.step(s, now)]
-        if beats.pause_until > now:
+        if pause_until > now:
             self.clock.hold(now)
-            if beats.pause_until != self.pause_said:
-                self.pause_said = beats.pause_until
+            if pause_until != self.pause_said:
+                self.pause_said = pause_until
                 self.say(
-                    f"pause announced ({beats.pause_reason or 'no reason given'}): "
-                    f"stall detection suspended for up to {beats.pause_until - now:.0f} s"
+                    f"pause announced ({pause_reason or 'no reason given'}): "
+                    f"stall detection suspended for up to {pause_until - now:.0f} s"
                 )
         if not progress:
             return
@@ -276,7 +305,7 @@ class Sidecar:
             self.act(action, now)
 
     def snapshot(self, now: float) -> Snapshot:
-        exits = self.exit_records()
+        exits = self.exit_records(read_silent=True)
         alive, gone = self.alive_ranks(), self.gone_ranks()
         if gone and alive:
             self.gone_since = self.gone_since or now
@@ -364,9 +393,21 @@ class Sidecar:
         return ranks
 
     # ------------------------------------------------------------ run records
-    def exit_records(self) -> dict[str, dict[str, Any]]:
-        """The nodes whose job ended, with their exit records."""
-        return {n: r for n in self.nodes if (r := self.exit_record(n)) is not None}
+    def exit_records(self, read_silent: bool = False) -> dict[str, dict[str, Any]]:
+        """The nodes whose job ended, with their exit records: ours, the others' as their
+        status says; a silent node's (``read_silent``) or every node's from its file."""
+        exits = {self.node: self.own_exit} if self.own_exit else {}
+        for node in self.nodes:
+            status = self.statuses.get(node, {})
+            if node == self.node:
+                continue
+            if status.get("state") in ("exited", "finished"):
+                exits[node] = {"returncode": status.get("returncode")}
+            elif (not read_silent or not self.coordinator.alive(node)) and (
+                record := self.exit_record(node)
+            ) is not None:
+                exits[node] = record
+        return exits
 
     def exit_record(self, node: str) -> dict[str, Any] | None:
         return read_run_record(self.layout.job_exit(node), self.info.run_id)
@@ -411,6 +452,7 @@ class Sidecar:
         ``node_timeout``, Slurm kills the step after its KillWait."""
         self.say("job ending (signal received)")
         self.publish("ending")  # first of all: peers must not take this node for lost
+        self.statuses = self.coordinator.read_all()
         if self.reported.failure or self.ending_on_purpose() or self.finished():
             return
         exits = self.exit_records()
@@ -428,14 +470,14 @@ class Sidecar:
 
     def quiet_peers(self, peers: list[str]) -> list[str]:
         """The peers that say nothing (no new status, not ending) within a few polls."""
-        self.coordinator.refresh()
+        self.coordinator.read_all()
         seen = self.coordinator.seen
         before = {n: seen[n].seq if n in seen else None for n in peers}
         deadline = time.monotonic() + max(3.0, 3 * self.info.watchdog.poll_interval)
         spoke: set[str] = set()
         while peers and time.monotonic() < deadline and len(spoke) < len(peers):
             time.sleep(min(0.25, self.info.watchdog.poll_interval))
-            self.statuses = self.coordinator.refresh()
+            self.statuses = self.coordinator.read_all()
             spoke = {
                 n
                 for n in peers

@@ -1,0 +1,103 @@
+"""How sidecars coordinate through the run directory, without processes: what each one reads
+and writes per poll (constant in the number of nodes for a follower), who leads, how a silent
+leader is replaced, and how an evidence request reaches the followers."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.watch.coordination import Coordinator
+
+NODES = [f"n{i}" for i in range(40)]
+
+
+def cluster(tmp_path: Path, timeout: float = 0.6) -> list[Coordinator]:
+    layout = RunLayout(tmp_path / "run")
+    return [Coordinator(layout, "r1", n, list(NODES), timeout) for n in NODES]
+
+
+def tick(nodes: list[Coordinator], skip: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+    for c in nodes:
+        if c.node not in skip:
+            c.refresh()
+            c.publish({"state": "watching"})
+
+
+def reads_of(coordinator: Coordinator, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The statuses ``coordinator`` reads in one refresh."""
+    read: list[str] = []
+    original = coordinator.read_status
+
+    def counting(node: str) -> dict | None:
+        read.append(node)
+        return original(node)
+
+    monkeypatch.setattr(coordinator, "read_status", counting)
+    coordinator.refresh()
+    monkeypatch.undo()
+    return read
+
+
+def test_a_follower_reads_only_the_leader_and_writes_only_when_due(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nodes = cluster(tmp_path)
+    tick(nodes)
+    follower = nodes[25]
+    assert reads_of(follower, monkeypatch) == ["n0"]  # 1 read, whatever the number of nodes
+    assert follower.publish({"state": "watching"}) is False  # not due yet
+    assert follower.publish({"state": "exited"}, force=True) is True  # news goes out at once
+    time.sleep(follower.interval)
+    assert follower.publish({"state": "exited"}) is True
+
+
+def test_the_leader_reads_every_node_once_per_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nodes = cluster(tmp_path)
+    tick(nodes)
+    leader = nodes[0]
+    time.sleep(leader.interval)
+    assert len(reads_of(leader, monkeypatch)) == len(NODES) - 1
+    assert reads_of(leader, monkeypatch) == []  # until the next interval
+
+
+def test_a_silent_leader_is_replaced_and_named_lost(tmp_path: Path) -> None:
+    nodes = cluster(tmp_path, timeout=0.6)
+    tick(nodes)
+    deadline = time.monotonic() + 3
+    while nodes[1].leader() != "n1" and time.monotonic() < deadline:
+        tick(nodes, skip={"n0"})
+        time.sleep(0.05)
+    assert nodes[1].is_leader() and nodes[5].leader() == "n1"
+    time.sleep(nodes[1].interval)
+    tick(nodes, skip={"n0"})
+    assert nodes[1].lost_nodes(finished=set()) == ["n0"]
+
+
+def test_an_evidence_request_rides_in_the_leaders_status(tmp_path: Path) -> None:
+    nodes = cluster(tmp_path)
+    tick(nodes)
+    request_id = nodes[0].request_evidence("stall")
+    for follower in nodes[1:]:
+        follower.refresh()
+        request = follower.current_request()
+        assert request is not None and request["id"] == request_id
+        follower.answer(request_id, {"ranks": []})
+    answers = nodes[0].collect(request_id, NODES[1:], timeout=5)
+    assert sorted(answers) == sorted(NODES[1:])
+
+
+def test_nodes_join_a_dynamic_job_when_they_publish(tmp_path: Path) -> None:
+    """AReaL on Slurm: only the controller's host is known at launch."""
+    layout = RunLayout(tmp_path / "run")
+    leader = Coordinator(layout, "r1", "login", ["login"], 0.6, dynamic=True)
+    worker = Coordinator(layout, "r1", "node7", ["login", "node7"], 0.6)
+    leader.publish({"state": "watching"})
+    worker.publish({"state": "watching"})
+    leader.refresh()
+    assert leader.nodes == ["login", "node7"] and worker.leader() == "login"
