@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A real two-node Slurm cluster on this one machine, from Debian's slurm-wlm and munge packages:
-# one controller and two slurmd daemons ("node1", "node2") on loopback ports.
+# A real Slurm cluster of four nodes on this one machine, from Debian's slurm-wlm and munge
+# packages: one controller and four slurmd daemons ("node1" ... "node4") on loopback ports.
 #
 #   bash scripts/slurm-cluster.sh install  # install Debian's slurm-wlm and munge (root) if missing
 #   bash scripts/slurm-cluster.sh up       # install if needed (root), start, wait until idle
@@ -9,11 +9,12 @@
 #
 # Clients find the cluster through SLURM_CONF: `up` prints the line to export. State lives in
 # $AREAL_SLURM_DIR (default /tmp/areal-slurm). Nothing listens beyond 127.0.0.1's ports
-# 16817 (controller) and 17001-17002 (the nodes).
+# 16817 (controller) and 17001-17004 (the nodes). AREAL_SLURM_NODES=N makes N nodes instead.
 set -euo pipefail
 DIR="${AREAL_SLURM_DIR:-/tmp/areal-slurm}"
 CONF="$DIR/slurm.conf"
 CPUS="$(nproc)"
+NODES="${AREAL_SLURM_NODES:-4}"
 MEM_MB="$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / 4 ))"
 
 log() { echo "[slurm-cluster] $*" >&2; }
@@ -61,9 +62,10 @@ KillWait=10
 InactiveLimit=0
 SlurmdTimeout=30
 MpiDefault=none
-NodeName=node1 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17001 CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
-NodeName=node2 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17002 CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
-PartitionName=debug Nodes=node1,node2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+$(for i in $(seq 1 "$NODES"); do
+  echo "NodeName=node$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((17000 + i)) CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN"
+done)
+PartitionName=debug Nodes=node[1-$NODES] Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
 EOF
 }
 
@@ -92,7 +94,7 @@ up() {
     mkdir -p "$DIR/state" "$DIR/spool"
     slurmctld -f "$CONF"
   fi
-  for node in node1 node2; do
+  for node in $(seq -f "node%g" 1 "$NODES"); do
     if ! pgrep -f "slurmd -f $CONF -N $node" >/dev/null; then slurmd -f "$CONF" -N "$node"; fi
   done
   export SLURM_CONF="$CONF"
@@ -113,7 +115,7 @@ down() {
   if [ -f "$CONF" ]; then
     SLURM_CONF="$CONF" scancel --user="$(id -un)" >/dev/null 2>&1 || true
   fi
-  for pidfile in "$DIR"/slurmd-node1.pid "$DIR"/slurmd-node2.pid "$DIR"/slurmctld.pid; do
+  for pidfile in "$DIR"/slurmd-node*.pid "$DIR"/slurmctld.pid; do
     if [ -f "$pidfile" ]; then
       kill "$(cat "$pidfile")" 2>/dev/null || true
     fi

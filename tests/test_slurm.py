@@ -245,6 +245,34 @@ def vanish(processes: list[psutil.Process]) -> None:
 
 
 @pytest.mark.slurm
+def test_four_nodes_a_lost_one_is_named_by_a_leader_that_reads_every_status(
+    runs: SlurmRuns,
+) -> None:
+    """Four nodes, one rank each: followers read only the leader's status, the leader every
+    node's every node_timeout / 3. Node3 vanishes; one report names it and only it."""
+    proc = runs.launch(
+        "four", "cluster.n_nodes=4", "launch.nproc_per_node=1", "demo.steps=400",
+        "demo.step_time=0.1",
+    )  # fmt: skip
+    job_id = runs.job_id("four")
+    statuses = runs.root / "slurm-test" / "four" / "watchdog" / "status"
+    assert wait_until(
+        lambda: (
+            len(list(statuses.glob("*.json"))) == 4 and len(job_processes(job_id, "node3")) >= 3
+        ),
+        90,
+    )
+    time.sleep(2)  # a few steps
+    vanish(job_processes(job_id, "node3"))
+    code, output = runs.finish(proc)
+    assert code == 3, output
+    (report,) = read_reports(runs.root / "slurm-test" / "four")
+    assert report["category"] == "node_lost", report["summary"]
+    assert report["culprit_nodes"] == ["node3"] and report["culprit_ranks"] == [2]
+    assert report["job"]["nodes"] == ["node1", "node2", "node3", "node4"]
+
+
+@pytest.mark.slurm
 @pytest.mark.parametrize("victim", ["node2", "node1"], ids=["follower", "leader"])
 def test_a_vanished_node_is_named(runs: SlurmRuns, victim: str) -> None:
     proc = runs.launch(f"lost{victim[-1]}", "demo.steps=400", "demo.step_time=0.1")

@@ -13,6 +13,8 @@ from areal_watchdog.common.redact import Redactor
 from areal_watchdog.evidence.model import Evidence, RankEvidence
 from areal_watchdog.report.markdown import render_markdown
 
+FILES_FOR_ALL = 64  # ranks up to which every rank gets its own stack and log file
+
 
 def write_incident(
     run_dir: Path, report: dict[str, Any], evidence: Evidence, redactor: Redactor
@@ -24,8 +26,8 @@ def write_incident(
         path.mkdir(mode=dir_mode, exist_ok=True)
         _chmod_dir(path, dir_mode)
     clean_evidence = redactor.scrub_tree(evidence.to_dict())
-    write_json_atomic(incident_dir / "evidence.json", clean_evidence, mode=file_mode)
-    for process in evidence.processes():
+    write_json_atomic(incident_dir / "evidence.json", clean_evidence, mode=file_mode, compact=True)
+    for process in _with_files(evidence, report):
         name = f"{file_stem(process)}.txt"
         stacks = redactor.scrub(_stack_text(process))
         write_text_atomic(incident_dir / "stacks" / name, stacks, mode=file_mode)
@@ -38,6 +40,16 @@ def write_incident(
     write_text_atomic(incident_dir / "report.md", render_markdown(report), mode=file_mode)
     write_json_atomic(incident_dir / "report.json", report, fsync=True, mode=file_mode)
     return incident_dir
+
+
+def _with_files(evidence: Evidence, report: dict[str, Any]) -> list[RankEvidence]:
+    """The processes that get a stack file and a log file: all of them in a job of up to
+    ``FILES_FOR_ALL`` ranks; beyond, the culprits and the first rank of every stack group (the
+    rest are in evidence.json), so that a job of thousands of ranks writes tens of files."""
+    if len(evidence.ranks) <= FILES_FOR_ALL:
+        return evidence.processes()
+    wanted = set(report["culprit_ranks"]) | {g["ranks"][0] for g in report["groups"]}
+    return [r for r in evidence.ranks if r.rank in wanted] + evidence.workers
 
 
 def _modes(run_dir: Path) -> tuple[int, int]:

@@ -196,7 +196,8 @@ class Coordinator:
     def answer(self, request_id: str, payload: dict[str, Any]) -> None:
         directory = self.layout.watch_dir / "evidence" / request_id
         directory.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(directory / f"{self.node}.json", {"node": self.node, **payload})
+        record = {"node": self.node, **payload}
+        write_json_atomic(directory / f"{self.node}.json", record, compact=True)
 
     def collect(
         self, request_id: str, nodes: list[str], timeout: float, poll: float = 0.05

@@ -13,7 +13,7 @@ import shlex
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from areal_watchdog.common.rankset import culprits_phrase
 from areal_watchdog.common.redact import SECRET_NAME, Redactor
 from areal_watchdog.diagnose.classify import classify, ended_cleanly
 from areal_watchdog.evidence.gather import GatherSettings
-from areal_watchdog.evidence.model import MISSING, Evidence, RankEvidence
+from areal_watchdog.evidence.model import MISSING, Evidence, RankEvidence, plain
 from areal_watchdog.notify.notifier import Notifier
 from areal_watchdog.report.build import IncidentContext, build_report, new_incident_id
 from areal_watchdog.report.write import write_incident
@@ -53,8 +53,8 @@ class LocalEvidence:
 
     def to_answer(self) -> dict[str, Any]:
         return {
-            "ranks": [asdict(r) for r in self.ranks],
-            "workers": [asdict(w) for w in self.workers],
+            "ranks": [plain(r) for r in self.ranks],
+            "workers": [plain(w) for w in self.workers],
             "flight_records": self.traces,
             "servers": self.servers,
         }
