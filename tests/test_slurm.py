@@ -256,13 +256,16 @@ def test_four_nodes_a_lost_one_is_named_by_a_leader_that_reads_every_status(
     )  # fmt: skip
     job_id = runs.job_id("four")
     statuses = runs.root / "slurm-test" / "four" / "watchdog" / "status"
-    assert wait_until(
-        lambda: (
-            len(list(statuses.glob("*.json"))) == 4 and len(job_processes(job_id, "node3")) >= 3
-        ),
-        90,
-    )
-    time.sleep(2)  # a few steps
+
+    def stepping() -> bool:
+        found = [json.loads(p.read_text()) for p in statuses.glob("*.json")]
+        return (
+            len(found) == 4
+            and all(status.get("last_step") for status in found)
+            and len(job_processes(job_id, "node3")) >= 4
+        )
+
+    assert wait_until(stepping, 90)
     vanish(job_processes(job_id, "node3"))
     code, output = runs.finish(proc)
     assert code == 3, output
