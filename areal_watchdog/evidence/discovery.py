@@ -18,7 +18,9 @@ Two kinds of process are found:
 
 On a test cluster where two Slurm "nodes" share one host, ``SLURMD_NODENAME`` (or, outside
 Slurm, ``AREAL_WATCHDOG_NODE``) tells them apart. A forked helper (a DataLoader worker, a
-process pool) shares its parent's identity and is not counted twice.
+process pool) shares its parent's identity and is not counted twice; a child of a part that
+inherited ``RANK`` (anything AReaL's actor worker starts after ``/set_env``) is no rank: ranks
+are started by torchrun, srun or a scheduler, never by another part of the job.
 """
 
 from __future__ import annotations
@@ -173,8 +175,8 @@ def _from_environment(layout: RunLayout, scope: Scope, owner: int) -> list[JobPr
             parent, create_time = proc.ppid(), proc.create_time()
         except psutil.Error:
             continue
-        if parent in matches and matches[parent][0] == who:
-            continue  # forked by its parent (a DataLoader worker, a pool): not a part itself
+        if parent in matches and (matches[parent][0] == who or who.role == "rank"):
+            continue  # a helper of a part (a DataLoader worker, a tool it runs): not a part
         made = _job_process(layout, scope, who, pid, create_time, env)
         if made is not None:
             found.append(made)

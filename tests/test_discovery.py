@@ -1,0 +1,52 @@
+"""Which live processes the sidecar counts as the job's, on real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from areal_watchdog.evidence.discovery import Scope, discover
+from areal_watchdog.rundir.layout import ENV_NODE, ENV_RUN_ID, RunLayout
+
+# A controller that, like AReaL's actor worker after /set_env, starts a helper carrying RANK.
+PARENT = (
+    "import os, subprocess, sys, time\n"
+    "os.environ.update(RANK='0', LOCAL_RANK='0')\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+    "print(child.pid, flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_a_helper_that_inherited_rank_is_not_a_rank(tmp_path: Path) -> None:
+    """A rank is started by torchrun, srun or a scheduler, never by another part of the job:
+    a helper that inherited ``RANK`` would otherwise replace the real rank 0 and, when it ends,
+    read as "rank 0 exited"."""
+    config = tmp_path / "job.yaml"
+    config.write_text("{}\n")
+    env = {**os.environ, ENV_RUN_ID: "r1", ENV_NODE: "n"}
+    rank = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        env={**env, "RANK": "0", "LOCAL_RANK": "0"},
+    )
+    controller = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(config)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    helper = int(controller.stdout.readline())
+    try:
+        time.sleep(0.3)
+        found = discover(
+            RunLayout(tmp_path / "run"), Scope("r1", "n", controller_config=str(config))
+        )
+        assert {r: p.pid for r, p in found.ranks.items()} == {0: rank.pid}
+        assert [(p.pid, p.role) for p in found.workers.values()] == [(controller.pid, "controller")]
+        assert helper not in {p.pid for p in found.workers.values()}
+    finally:
+        for proc in (rank, controller):
+            proc.kill()
+            proc.wait()
+        os.kill(helper, signal.SIGKILL)
