@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -26,11 +27,12 @@ from pathlib import Path
 
 import pytest
 from recording import record_evidence
+from test_launcher_lifecycle import gone_within, wait_for
 
 from areal_watchdog.cli import main
 from areal_watchdog.common.roles import Identity, identify
 from areal_watchdog.config.areal import parse_allocation
-from conftest import REPO, Launcher, LaunchResult
+from conftest import REPO, Launcher, LaunchResult, processes_under
 
 AREAL = REPO / "examples" / "areal"
 CONFIG = AREAL / "gsm8k_grpo.yaml"
@@ -227,7 +229,7 @@ def test_areal_jobs_are_cancelled_by_name(loopback_slurm: tuple[list[str], dict]
         sbatch = [*enter, "sbatch", "-J", name, "-o", "/dev/null", "--wrap", "sleep 300"]
         subprocess.run(sbatch, env=env, check=True, capture_output=True)
     cancel = (
-        "from areal_watchdog.launch.slurm.areal import cancel_jobs; "
+        "from areal_watchdog.launch.slurm.jobs import cancel_jobs; "
         "print(len(cancel_jobs('exp_t1:')))"
     )
     out = subprocess.run([*enter, sys.executable, "-c", cancel], env=env, capture_output=True,
@@ -237,6 +239,23 @@ def test_areal_jobs_are_cancelled_by_name(loopback_slurm: tuple[list[str], dict]
                           text=True)  # fmt: skip
     assert left.stdout.split() == ["exp_t10:actor"]
     subprocess.run([*enter, "scancel", "-n", "exp_t10:actor"], env=env, capture_output=True)
+
+
+@needs_areal
+@needs_root
+@pytest.mark.slow
+def test_nothing_of_an_areal_run_outlives_a_killed_launcher(
+    launcher: Launcher, harness: Path
+) -> None:
+    """``kill -9 areal-launch``: AReaL's workers are the controller's children, not ours, and
+    outlive it; the sidecar, whose launcher is gone, ends every process of the run."""
+    (launcher.root / "harness").symlink_to(harness)
+    proc, _ = launcher.start([*FAST], trial="orphan", config=CONFIG, prefix=LOOPBACK)
+    wait_for(proc, "first step seen", timeout=300)
+    assert len(processes_under(launcher.root)) >= 5  # controller, workers, server, sidecar
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert gone_within(launcher.root, 30) == []
 
 
 def test_roles_come_from_the_command_line() -> None:

@@ -15,7 +15,7 @@ from recording import record_dumps, record_evidence
 
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.evidence import offline
-from areal_watchdog.evidence.flight_recorder import collect, nccl_dump, nccl_pipe
+from areal_watchdog.evidence.flight_recorder import collect
 from areal_watchdog.evidence.model import Evidence
 from areal_watchdog.notify.slack import build_slack_message, check_limits
 from areal_watchdog.rundir.layout import RunLayout
@@ -187,7 +187,7 @@ def test_nccl_dump_pipe_is_used_when_no_listener_answers(tmp_path: Path) -> None
     makes it dump a pickle to the temp file; the sidecar reads it without running code."""
     layout = RunLayout(tmp_path)
     layout.flight_recorder_dir.mkdir(parents=True)
-    os.mkfifo(nccl_pipe(layout, 0))
+    os.mkfifo(layout.nccl_pipe(0))
     trace = {
         "pg_status": {"0": {"last_completed_collective": 6}},
         "entries": [
@@ -201,9 +201,9 @@ def test_nccl_dump_pipe_is_used_when_no_listener_answers(tmp_path: Path) -> None
     }
 
     def fake_nccl() -> None:
-        with open(nccl_pipe(layout, 0)) as pipe:
+        with open(layout.nccl_pipe(0)) as pipe:
             pipe.read()
-        nccl_dump(layout, 0).write_bytes(pickle.dumps(trace))
+        layout.nccl_dump(0).write_bytes(pickle.dumps(trace))
 
     thread = threading.Thread(target=fake_nccl)
     thread.start()

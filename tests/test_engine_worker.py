@@ -112,7 +112,7 @@ def test_a_busy_worker_thread_beats_a_serving_main_thread() -> None:
     listener = in_thread(
         None,
         ("is_initialized", TORCH, 1),
-        ("_dump", "/v/site-packages/areal_watchdog/evidence/flight_recorder.py", 97),
+        ("_dump", "/v/site-packages/areal_watchdog/rank/flight_recorder.py", 97),
     )
     assert work_thread(rank_with(SERVING, listener)).name == "MainThread"
 

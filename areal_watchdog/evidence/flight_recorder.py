@@ -1,9 +1,10 @@
-"""Capture PyTorch Flight Recorder traces from every rank of a node, on demand.
+"""Capture PyTorch Flight Recorder traces from every rank of a node, on demand (the sidecar's
+side; the rank's listener is ``rank.flight_recorder``).
 
 Two triggers, tried in this order for each rank:
 
-- the cooperative listener ``rank_main`` starts in every rank: a daemon thread blocked on a
-  per-rank FIFO (``flight_recorder/trigger_rank_<r>``); a write wakes it at once and it writes
+- the cooperative listener every watched rank runs: a daemon thread blocked on a per-rank FIFO
+  (``flight_recorder/trigger_rank_<r>``); a write wakes it at once and it writes
   ``torch._C._distributed_c10d._dump_fr_trace_json()`` to ``flight_recorder/fr_rank_<r>.json``.
   A blocked collective releases the GIL, so this answers while the main thread waits (gloo and
   NCCL alike);
@@ -18,22 +19,17 @@ to stacks only.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
 import pickle
-import sys
-import threading
 import time
-from pathlib import Path
 from typing import Any
 
-from areal_watchdog.common.atomic import read_json, write_text_atomic
+from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.fifo import write_fifo
 from areal_watchdog.rundir.layout import RunLayout
 
-ENV_FLIGHT_RECORDER = "AREAL_WATCHDOG_FLIGHT_RECORDER"  # "1": ranks start the listener
 _KEPT = (
     "collective_seq_id",
     "profiling_name",
@@ -49,72 +45,14 @@ _KEPT = (
 )
 
 
-def trigger_path(layout: RunLayout, rank: int) -> Path:
-    return layout.flight_recorder_dir / f"trigger_rank_{rank}"
-
-
-def dump_path(layout: RunLayout, rank: int) -> Path:
-    return layout.flight_recorder_dir / f"fr_rank_{rank}.json"
-
-
-def nccl_pipe(layout: RunLayout, rank: int) -> Path:
-    return layout.flight_recorder_dir / f"pipe_rank_{rank}"
-
-
-def nccl_dump(layout: RunLayout, rank: int) -> Path:
-    return layout.flight_recorder_dir / f"rank_{rank}"
-
-
-# ----------------------------------------------------------------------------- rank side
-def start_listener(layout: RunLayout, rank: int) -> None:
-    """Create the rank's trigger FIFO and a daemon thread that dumps on every request."""
-    path = trigger_path(layout, rank)
-    try:
-        layout.flight_recorder_dir.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        os.mkfifo(path, 0o600)
-    except OSError:
-        return
-    threading.Thread(
-        target=_listen, args=(layout, rank, path), name="areal-flight-recorder", daemon=True
-    ).start()
-
-
-def _listen(layout: RunLayout, rank: int, path: Path) -> None:
-    while True:
-        try:
-            with open(path, encoding="utf-8") as fifo:  # blocks, without the GIL, until a write
-                request = fifo.read().strip()
-        except OSError:
-            return
-        if request:
-            _dump(layout, rank, request)
-
-
-def _dump(layout: RunLayout, rank: int, request: str) -> None:
-    record: dict[str, Any] = {"request": request, "rank": rank, "time": time.time()}
-    dist = sys.modules.get("torch.distributed")
-    try:
-        if dist is None or not dist.is_initialized():
-            raise RuntimeError("torch.distributed is not initialised in this rank")
-        import torch
-
-        record["trace"] = json.loads(torch._C._distributed_c10d._dump_fr_trace_json())
-    except Exception as exc:  # noqa: BLE001 - report why, never disturb the rank
-        record["error"] = f"{type(exc).__name__}: {exc}"[:300]
-    with contextlib.suppress(OSError):
-        write_text_atomic(dump_path(layout, rank), json.dumps(record))
-
-
 # -------------------------------------------------------------------------- sidecar side
 def collect(layout: RunLayout, ranks: list[int], timeout: float) -> dict[int, dict[str, Any]]:
     """Ask every listed rank for its trace; return the traces that arrive within ``timeout``."""
     request = f"{os.getpid()}-{time.time_ns()}"
     asked_nccl: set[int] = set()
     for rank in ranks:
-        if not write_fifo(trigger_path(layout, rank), request) and write_fifo(
-            nccl_pipe(layout, rank), "1"
+        if not write_fifo(layout.fr_trigger(rank), request) and write_fifo(
+            layout.nccl_pipe(rank), "1"
         ):
             asked_nccl.add(rank)
     deadline = time.monotonic() + timeout
@@ -135,7 +73,7 @@ def collect(layout: RunLayout, ranks: list[int], timeout: float) -> dict[int, di
 
 
 def _listener_trace(layout: RunLayout, rank: int, request: str) -> dict[str, Any] | None:
-    record = read_json(dump_path(layout, rank))
+    record = read_json(layout.fr_dump(rank))
     if not isinstance(record, dict) or record.get("request") != request:
         return None
     return record.get("trace") if isinstance(record.get("trace"), dict) else {"entries": []}
@@ -143,7 +81,7 @@ def _listener_trace(layout: RunLayout, rank: int, request: str) -> dict[str, Any
 
 def _nccl_trace(layout: RunLayout, rank: int) -> dict[str, Any] | None:
     try:
-        return parse_trace(nccl_dump(layout, rank).read_bytes())
+        return parse_trace(layout.nccl_dump(rank).read_bytes())
     except OSError:
         return None
 

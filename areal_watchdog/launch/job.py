@@ -13,9 +13,9 @@ import yaml
 from areal_watchdog.common.atomic import write_text_atomic
 from areal_watchdog.config.debug_env import render_debug_env
 from areal_watchdog.config.model import JobConfig
-from areal_watchdog.evidence.flight_recorder import ENV_FLIGHT_RECORDER
 from areal_watchdog.launch.entrypoint import resolve_entrypoint
 from areal_watchdog.launch.plan import LaunchPlan
+from areal_watchdog.rank.flight_recorder import ENV_FLIGHT_RECORDER
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_NODE, ENV_RUN_ID, ENV_WATCH_DIR, RunLayout
 from areal_watchdog.rundir.lock import hold_run_lock

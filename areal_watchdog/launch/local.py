@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TextIO
 
 from areal_watchdog.common.atomic import open_append, read_json, write_json_atomic
+from areal_watchdog.common.run_processes import kill_run_processes
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.areal import ArealJob, plan_areal
 from areal_watchdog.launch.entrypoint import launch_mode
@@ -34,13 +35,7 @@ from areal_watchdog.launch.job import (
     stale_state,
 )
 from areal_watchdog.launch.plan import Gate, LaunchPlan, ProcessSpec
-from areal_watchdog.launch.processes import (
-    Interrupts,
-    OutputPump,
-    kill_run_processes,
-    start,
-    stop_job,
-)
+from areal_watchdog.launch.processes import Interrupts, OutputPump, start, stop_job
 from areal_watchdog.launch.torchrun import standalone, torchrun_command
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_NODE, RunLayout

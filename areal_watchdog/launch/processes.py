@@ -19,8 +19,8 @@ from typing import Any, TextIO
 import psutil
 
 from areal_watchdog.common.parent import die_with_parent
+from areal_watchdog.common.run_processes import kill_run_processes, run_processes
 from areal_watchdog.launch.plan import ProcessSpec
-from areal_watchdog.rundir.layout import ENV_RUN_ID
 
 TERMINATE_GRACE = 20.0  # seconds torchrun gets to stop its ranks before everything is killed
 
@@ -35,31 +35,6 @@ def start(spec: ProcessSpec, **popen: Any) -> subprocess.Popen:
         preexec_fn=die_with_parent,  # noqa: PLW1509 - no threads run code between fork and exec
         **popen,
     )
-
-
-def run_processes(run_id: str) -> list[psutil.Process]:
-    """Every process of ours that carries this run id: ranks, their workers, servers they
-    started. Another user's process is never one of them, whatever its environment says."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.pid == os.getpid() or proc.uids().real != os.getuid():
-                continue
-            if proc.environ().get(ENV_RUN_ID) == run_id:
-                found.append(proc)
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
-def kill_run_processes(run_id: str) -> list[int]:
-    """SIGKILL every process of the run (ranks live in sessions of their own)."""
-    killed = []
-    for proc in run_processes(run_id):
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-            killed.append(proc.pid)
-    return killed
 
 
 def stop_job(job: subprocess.Popen, run_id: str, grace: float = TERMINATE_GRACE) -> None:

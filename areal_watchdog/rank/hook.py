@@ -25,7 +25,6 @@ from typing import Any
 
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.common.roles import Identity, identify
-from areal_watchdog.evidence.flight_recorder import ENV_FLIGHT_RECORDER, start_listener
 from areal_watchdog.rank import task_listener
 from areal_watchdog.rank.arming import (
     allow_any_tracer,
@@ -33,6 +32,7 @@ from areal_watchdog.rank.arming import (
     exit_record,
     quietly,
 )
+from areal_watchdog.rank.flight_recorder import ENV_FLIGHT_RECORDER, start_listener
 from areal_watchdog.rundir.layout import (
     ENV_JOB_CONFIG,
     ENV_RANK_ROLE,

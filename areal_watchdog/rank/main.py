@@ -10,7 +10,7 @@ preparing what the watchdog needs from inside the rank:
   no ptrace and answers while the main thread is blocked inside a collective;
 - ``prctl(PR_SET_PTRACER, ANY)`` so a sidecar that is not our ancestor may attach under Yama;
 - an exit record (returned, exit code, or exception with its traceback) for crash analysis;
-- the Flight Recorder listener (``flight_recorder.start_listener``) when the launcher asked for it;
+- the Flight Recorder listener (``rank.flight_recorder``) when the launcher asked for it;
 - the asyncio task listener (``rank.task_listener``): pending coroutines are on no thread's stack.
 """
 
@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 from areal_watchdog.common.atomic import write_json_atomic
-from areal_watchdog.evidence.flight_recorder import ENV_FLIGHT_RECORDER, start_listener
 from areal_watchdog.rank import task_listener
 from areal_watchdog.rank.arming import (
     allow_any_tracer,
@@ -33,6 +32,7 @@ from areal_watchdog.rank.arming import (
     exit_code,
     exit_record,
 )
+from areal_watchdog.rank.flight_recorder import ENV_FLIGHT_RECORDER, start_listener
 from areal_watchdog.rundir.layout import (
     COOPERATIVE_SIGNAL,
     ENV_RUN_ID,

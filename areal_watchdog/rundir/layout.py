@@ -77,6 +77,22 @@ class RunLayout:
         """Flight Recorder dumps and NCCL's per-rank dump pipes."""
         return self.watch_dir / "flight_recorder"
 
+    def fr_trigger(self, rank: int) -> Path:
+        """The FIFO a rank's Flight Recorder listener waits on."""
+        return self.flight_recorder_dir / f"trigger_rank_{rank}"
+
+    def fr_dump(self, rank: int) -> Path:
+        """Where the listener writes the trace it was asked for."""
+        return self.flight_recorder_dir / f"fr_rank_{rank}.json"
+
+    def nccl_pipe(self, rank: int) -> Path:
+        """NCCL's own dump pipe (``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` + rank)."""
+        return self.flight_recorder_dir / f"pipe_rank_{rank}"
+
+    def nccl_dump(self, rank: int) -> Path:
+        """Where NCCL dumps (``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` + rank)."""
+        return self.flight_recorder_dir / f"rank_{rank}"
+
     @property
     def tasks_dir(self) -> Path:
         """Asyncio task dumps: a trigger FIFO and a dump per watched process (by pid)."""

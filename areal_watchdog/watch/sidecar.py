@@ -13,6 +13,7 @@ errors are logged and survived: a dead watchdog leaves the job unwatched.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import os
 import signal
@@ -26,8 +27,10 @@ from typing import Any
 from areal_watchdog.common.atomic import open_append, read_json, write_json_atomic
 from areal_watchdog.common.parent import die_with_parent
 from areal_watchdog.common.redact import Redactor
+from areal_watchdog.common.run_processes import kill_run_processes
 from areal_watchdog.evidence.discovery import Scope
 from areal_watchdog.evidence.gpu import GpuBackend, IdleTracker, NoGpu, open_backend
+from areal_watchdog.launch.slurm.jobs import cancel_jobs
 from areal_watchdog.launch.slurm.node import slurm_nodes
 from areal_watchdog.notify.notifier import Notifier
 from areal_watchdog.notify.sinks import SinkSpec
@@ -120,8 +123,9 @@ class Sidecar:
         if message == self.last_said:
             return
         self.last_said = message
-        print(f"[areal-watchdog {self.node}] {message}", file=self.out, flush=True)
         self.log(message)
+        with contextlib.suppress(OSError, ValueError):  # a terminal that closed
+            print(f"[areal-watchdog {self.node}] {message}", file=self.out, flush=True)
 
     def log(self, message: str) -> None:
         """A line in this node's sidecar log file (best effort: a full disk loses lines)."""
@@ -468,6 +472,19 @@ class Sidecar:
             self.incidents.open(Trigger.JOB_FAILED, time.time(), self.statuses)
             self.finish()
 
+    def orphaned(self) -> None:
+        """The launcher that started us is gone (``kill -9``, a closed terminal): nothing of
+        the run may go on unsupervised. Torchrun stops its ranks when the launcher dies, but
+        AReaL's workers outlive their controller: end every process of the run, and cancel
+        AReaL's Slurm jobs."""
+        killed = kill_run_processes(self.info.run_id)
+        prefix = _areal_jobs(self.info)
+        cancelled = cancel_jobs(prefix) if prefix else []
+        self.say(
+            f"areal-launch is gone: ended the run's {len(killed)} remaining process(es)"
+            + (f" and cancelled AReaL's Slurm jobs {', '.join(cancelled)}" if cancelled else "")
+        )
+
     def quiet_peers(self, peers: list[str]) -> list[str]:
         """The peers that say nothing (no new status, not ending) within a few polls."""
         self.coordinator.read_all()
@@ -485,6 +502,13 @@ class Sidecar:
                 or self.statuses.get(n, {}).get("state") in ("ending", "finished")
             }
         return [n for n in peers if n not in spoke]
+
+
+def _areal_jobs(info: LaunchInfo) -> str | None:
+    """The name prefix of AReaL's Slurm jobs, when AReaL's scheduler submits them."""
+    if not info.dynamic_nodes:
+        return None
+    return f"{info.experiment_name}_{info.trial_name}:"
 
 
 def wait_for_node_lock(layout: RunLayout, node: str) -> bool:
@@ -542,13 +566,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.standby and not wait_for_node_lock(info.layout, node):
         return 0
     sidecar = Sidecar(info, node, nodes, job_id)
+    launcher = os.getppid() if args.node else None  # started by areal-launch itself
 
     def _stop(signum: int, _frame: object) -> None:
         sidecar.stopping = True
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
         signal.signal(sig, _stop)
-    return sidecar.run()
+    code = sidecar.run()
+    if launcher is not None and os.getppid() != launcher:
+        sidecar.orphaned()
+    return code
 
 
 if __name__ == "__main__":

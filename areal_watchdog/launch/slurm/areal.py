@@ -28,7 +28,6 @@ from __future__ import annotations
 import copy
 import shlex
 import socket
-import subprocess
 import sys
 import uuid
 from dataclasses import dataclass, replace
@@ -41,6 +40,7 @@ from areal_watchdog.launch.areal import SLURM_NODE, plan_areal
 from areal_watchdog.launch.job import job_environment, launch_files, stale_state
 from areal_watchdog.launch.local import LocalBackend
 from areal_watchdog.launch.plan import LaunchPlan, ProcessSpec
+from areal_watchdog.launch.slurm.jobs import cancel_jobs
 from areal_watchdog.launch.slurm.node import ServerNodes
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
@@ -136,21 +136,6 @@ def execute_single_controller(plan: LaunchPlan, out: TextIO = sys.stdout) -> int
 def job_prefix(config: JobConfig) -> str:
     """AReaL names each role's job ``<experiment>_<trial>:<role>``."""
     return f"{config.experiment_name}_{config.trial_name}:"
-
-
-def cancel_jobs(prefix: str) -> list[str]:
-    """``scancel`` this user's jobs whose name starts with ``prefix``; their ids."""
-    listed = subprocess.run(
-        ["squeue", "--me", "-h", "-o", "%i %j"], capture_output=True, text=True, check=False
-    )
-    ids = [
-        job_id
-        for job_id, _, name in (line.partition(" ") for line in listed.stdout.splitlines())
-        if name.startswith(prefix)
-    ]
-    if ids:
-        subprocess.run(["scancel", *ids], capture_output=True, check=False)
-    return ids
 
 
 def standby_command(python: str, layout: RunLayout) -> str:

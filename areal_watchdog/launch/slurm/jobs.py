@@ -76,3 +76,18 @@ def node_statuses(run_dir: Path) -> list[dict[str, Any]]:
         return []
     statuses = [read_json(p) for p in sorted(layout.status_dir.glob("*.json"))]
     return [s for s in statuses if isinstance(s, dict)]
+
+
+def cancel_jobs(prefix: str) -> list[str]:
+    """``scancel`` this user's jobs whose name starts with ``prefix``; their ids."""
+    listed = subprocess.run(
+        ["squeue", "--me", "-h", "-o", "%i %j"], capture_output=True, text=True, check=False
+    )
+    ids = [
+        job_id
+        for job_id, _, name in (line.partition(" ") for line in listed.stdout.splitlines())
+        if name.startswith(prefix)
+    ]
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True, check=False)
+    return ids
