@@ -15,6 +15,8 @@ returns (``examples/areal/tool_workflow.py``), and an inference server that wedg
 
 from __future__ import annotations
 
+import copy
+import getpass
 import importlib.util
 import os
 import shutil
@@ -22,9 +24,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from recording import record_evidence
 from test_launcher_lifecycle import gone_within, wait_for
@@ -32,6 +37,8 @@ from test_launcher_lifecycle import gone_within, wait_for
 from areal_watchdog.cli import main
 from areal_watchdog.common.roles import Identity, identify
 from areal_watchdog.config.areal import parse_allocation
+from areal_watchdog.config.load import load_config
+from areal_watchdog.launch.local import LocalBackend
 from conftest import REPO, Launcher, LaunchResult, processes_under
 
 AREAL = REPO / "examples" / "areal"
@@ -100,6 +107,48 @@ def loopback_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[l
         subprocess.run(["bash", str(LOOPBACK_SCRIPT), "--delete", name], capture_output=True)
 
 
+class RoleWatch:
+    """The roles of every process of any AReaL job seen while the block runs (sampled)."""
+
+    def __init__(self) -> None:
+        self.roles: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> RoleWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.2):
+            for proc in psutil.process_iter():
+                try:
+                    env = proc.environ()
+                    who = identify(proc.cmdline(), env, env.get("AREAL_WATCHDOG_JOB_CONFIG", ""))
+                except (psutil.Error, OSError):
+                    continue
+                if who is not None and "AREAL_WATCHDOG_RUN_ID" in env:
+                    self.roles.add(who.role)
+
+
+ROLLOUT_SIDE = {"rollout", "eval-rollout", "inference_server", "inference_launcher"}
+
+
+def step_stats(log: Path, step: int) -> dict[str, str]:
+    """The statistics table AReaL's StatsLogger prints after ``Train step {step}/N done``."""
+    text = log.read_text(errors="replace")
+    block = text.split(f"Train step {step}/", 1)[1].split("Train step", 1)[0]
+    stats = {}
+    for line in block.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        stats.update(zip(cells[::2], cells[1::2], strict=False))
+    return stats
+
+
 def by_role(report: dict) -> dict[str, list[dict]]:
     roles: dict[str, list[dict]] = {}
     for process in report["ranks"] + report["workers"]:
@@ -133,6 +182,31 @@ def test_single_controller_hang_names_the_rollout_worker(launcher: Launcher, har
     assert all(s["address"].startswith("127.0.0.1:") for s in report["servers"])
     assert "culprit workers rollout 0 (pid" in result.output
     record_evidence(report, "workflow_stuck--areal-single-controller", "rollout")
+    # Every step's batch was dumped from the controller, with no edit of the script.
+    dumps = sorted(p.name for p in (result.run_dir / "debug_trajectories").glob("*.pt"))
+    assert dumps == [f"step_{s:06d}.pt" for s in range(4)]
+    assert report["trajectory"]["replay_command"].endswith(f"{result.run_dir} --step 3")
+    markdown = next(result.run_dir.glob("incidents/*/report.md")).read_text()
+    assert "A replay has no rollout" in markdown  # a rollout stall is not what replay shows
+    # Step 0 replays from the initial weights: the same statistics, and not one rollout worker
+    # or inference server started.
+    with RoleWatch() as seen:
+        replayed = subprocess.run(
+            [*LOOPBACK, sys.executable, "-m", "areal_watchdog.cli", "replay",
+             str(result.run_dir), "--step", "0"],
+            cwd=REPO, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert replayed.returncode == 0, (replayed.stdout + replayed.stderr)[-4000:]
+    assert {"controller", "actor"} <= seen.roles and not seen.roles & ROLLOUT_SIDE
+    runs = launcher.root / "gsm8k-grpo"
+    original, again = (
+        step_stats(next((runs / t / "watchdog" / "logs").glob("controller_*.log")), 1)
+        for t in ("sc", "sc_replay0")
+    )
+    assert again["ppo_actor/update/entropy/avg"] == original["ppo_actor/update/entropy/avg"]
+    assert {k: v for k, v in again.items() if k.startswith("ppo_actor/update/")} == {
+        k: v for k, v in original.items() if k.startswith("ppo_actor/update/")
+    }
 
 
 @needs_areal
@@ -156,6 +230,34 @@ def test_spmd_wedged_server_is_named(launcher: Launcher, harness: Path) -> None:
     assert report["ranks"][0]["rank"] == 0 and "inference_launcher" in roles
     assert report["summary"].startswith("Rank 0 is waiting for rollouts in prepare_batch()")
     record_evidence(report, "inference_wedged--areal-spmd", "rollout")
+
+
+@needs_areal
+@needs_root
+@pytest.mark.slow
+def test_spmd_dumps_from_the_ranks_and_replays_without_servers(
+    launcher: Launcher, harness: Path
+) -> None:
+    """A healthy SPMD run dumps each step from its data-parallel head, with no edit of the
+    script; the replay of a step starts torchrun alone: no server launcher, no inference
+    server, no wait for name_resolve."""
+    result = run_areal(launcher, harness, "spmdok", ["launch.mode=spmd", "total_train_steps=2"])
+    assert result.returncode == 0, result.output[-4000:]
+    dumps = sorted(p.name for p in (result.run_dir / "debug_trajectories").glob("*.pt"))
+    assert dumps == ["step_000000_dp_0.pt", "step_000001_dp_0.pt"]
+    with RoleWatch() as seen:
+        replayed = subprocess.run(
+            [*LOOPBACK, sys.executable, "-m", "areal_watchdog.cli", "replay",
+             str(result.run_dir), "--step", "1"],
+            cwd=REPO, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert replayed.returncode == 0, (replayed.stdout + replayed.stderr)[-4000:]
+    assert "inference-servers" not in replayed.stdout
+    assert "rank" in seen.roles
+    assert not seen.roles & ROLLOUT_SIDE
+    logs = launcher.root / "logs" / getpass.getuser() / "gsm8k-grpo" / "spmdok_replay1"
+    trained = (logs / "trainer.log").read_text(errors="replace")
+    assert trained.count("Train step ") == 1 and "Training completes!" in trained
 
 
 @needs_areal
@@ -311,3 +413,42 @@ def test_a_scheduler_that_contradicts_the_backend_is_refused(
     assert code == 2
     err = capsys.readouterr().err
     assert "scheduler.type" in err and "'ray'" in err and "Traceback" not in err
+
+
+@needs_areal
+def test_the_trajectory_hook_leaves_an_unknown_trainer_alone(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trainer loop that is not AReaL 1.0's (here: one that never calls prepare_batch), or
+    another AReaL version: one line, and the trainer is not touched."""
+    from areal.trainer.rl_trainer import PPOTrainer
+
+    from areal_watchdog.rank import areal_trajectory
+
+    class Trainer:
+        def train(self) -> str:
+            return "trained"
+
+        def _init_rollout(self, rollout_config: object, is_eval: bool = False) -> None:
+            return None
+
+    monkeypatch.delenv("AREAL_WATCHDOG_REPLAY_DIR", raising=False)
+    module = types.ModuleType("areal.trainer.rl_trainer")
+    module.PPOTrainer = Trainer
+    original = Trainer.train
+    areal_trajectory._patch(module)
+    assert Trainer.train is original and Trainer().train() == "trained"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "trajectory dumping off, training goes on: PPOTrainer.train no longer calls" in err
+    assert areal_trajectory.mismatch(PPOTrainer, "1.0.4") is None
+    assert "AReaL 1.1.0 is untested" in areal_trajectory.mismatch(PPOTrainer, "1.1.0")
+
+
+def test_planning_an_areal_launch_leaves_the_config_as_written(tmp_path: Path) -> None:
+    """The plan edits AReaL's tree (scheduler, fileroot) on a copy: the config the dumps are
+    hashed from, and a replay starts again from, is the one the user wrote."""
+    config = load_config(CONFIG, [f"cluster.fileroot={tmp_path}"])
+    written = copy.deepcopy(config.raw)
+    LocalBackend().plan(config, watchdog=True)
+    assert config.raw == written

@@ -7,6 +7,7 @@ other top-level key is passed through untouched to the training script. Our sect
 
 from __future__ import annotations
 
+import copy
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,7 +127,7 @@ class JobConfig:
         With ``dumping``, an AReaL ``trajectory_debug`` section is switched to dumping (unless
         the config replays a dump already) with our ``max_keep`` and path.
         """
-        tree = {k: v for k, v in self.raw.items() if k not in OUR_SECTIONS}
+        tree = copy.deepcopy({k: v for k, v in self.raw.items() if k not in OUR_SECTIONS})
         section = tree.get("trajectory_debug")
         if dumping and isinstance(section, dict) and not section.get("replay_rollout_data"):
             tree["trajectory_debug"] = {

@@ -21,7 +21,7 @@ from __future__ import annotations
 import getpass
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from areal_watchdog.launch.plan import Gate, ProcessSpec
 from areal_watchdog.launch.torchrun import standalone, torchrun_command
 from areal_watchdog.rank.sitehook import DIRECTORY as SITEHOOK
 from areal_watchdog.rundir.layout import ENV_JOB_CONFIG, ENV_RANK_ROLE, ENV_RUN_ID, RunLayout
+from areal_watchdog.trajectory.format import ENV_REPLAY_DIR
 
 AREAL_NAME_RESOLVE_ROOT = "/tmp/areal/name_resolve"  # AReaL's default nfs_record_root
 SLURM_NODE = "$SLURMD_NODENAME"  # the node a Slurm plan is made for: each, as Slurm says
@@ -126,6 +127,14 @@ def _spmd_processes(
         trainer_env["CUDA_VISIBLE_DEVICES"] = ",".join(
             map(str, range(gen_devices, gen_devices + actor.world_size))
         )
+    trainer = ProcessSpec(
+        "trainer",
+        torchrun_command(config.launch.python, layout, node, actor.world_size, standalone(),
+                         rank_command),
+        trainer_env, log=str(logs / "trainer.log"),
+    )  # fmt: skip
+    if ENV_REPLAY_DIR in env:  # a replay: the dumped batches stand in for every server
+        return [trainer]
     entry = _script_command(config, layout)[1:]
     servers = ProcessSpec(
         "inference-servers",
@@ -133,13 +142,7 @@ def _spmd_processes(
         server_env, kind="service", log=str(logs / "llm_server.log"),
     )  # fmt: skip
     gate = Gate(str(trial / "gen_servers"), rollout.dp, SERVER_WAIT_S, "AREAL_LLM_SERVER_ADDRS")
-    trainer = ProcessSpec(
-        "trainer",
-        torchrun_command(config.launch.python, layout, node, actor.world_size, standalone(),
-                         rank_command),
-        trainer_env, log=str(logs / "trainer.log"), after=gate,
-    )  # fmt: skip
-    return [servers, trainer]
+    return [servers, replace(trainer, after=gate)]
 
 
 def _areal_logs(config: JobConfig) -> Path:

@@ -8,7 +8,8 @@ this at start-up in each, and each arms, by its role (``common.roles``):
 - the cooperative stack dump to ``watchdog/procs/<pid>.stacks.txt`` and ``PR_SET_PTRACER``;
 - the asyncio task listener (rollout coroutines are on no thread's stack);
 - the Flight Recorder listener, in the workers whose role holds the ranks (``actor``);
-- an exit record ``watchdog/procs/<pid>.exit.json`` (an uncaught exception, or an exit).
+- an exit record ``watchdog/procs/<pid>.exit.json`` (an uncaught exception, or an exit);
+- in the controller, the trajectory dump of AReaL's trainer (``rank.areal_trajectory``).
 
 Torchrun ranks are armed by our rank wrapper instead, and processes with no role of ours (a
 shell, a ``multiprocessing`` helper, a tool a workflow runs) are left alone. Nothing here may
@@ -25,7 +26,7 @@ from typing import Any
 
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.common.roles import Identity, identify
-from areal_watchdog.rank import task_listener
+from areal_watchdog.rank import areal_trajectory, task_listener
 from areal_watchdog.rank.arming import (
     allow_any_tracer,
     arm_stack_dump,
@@ -70,6 +71,8 @@ def install() -> Identity | None:
     if who.role == rank_role and who.index is not None and os.environ.get(ENV_FLIGHT_RECORDER):
         quietly(start_listener, layout, who.index)
     quietly(_record_exits, layout.process_exit_record(os.getpid()))
+    if who.role == "controller":
+        quietly(areal_trajectory.install)
     return who
 
 

@@ -11,7 +11,8 @@ preparing what the watchdog needs from inside the rank:
 - ``prctl(PR_SET_PTRACER, ANY)`` so a sidecar that is not our ancestor may attach under Yama;
 - an exit record (returned, exit code, or exception with its traceback) for crash analysis;
 - the Flight Recorder listener (``rank.flight_recorder``) when the launcher asked for it;
-- the asyncio task listener (``rank.task_listener``): pending coroutines are on no thread's stack.
+- the asyncio task listener (``rank.task_listener``): pending coroutines are on no thread's stack;
+- the trajectory dump of AReaL's trainer (``rank.areal_trajectory``), should the script run one.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ import time
 from pathlib import Path
 
 from areal_watchdog.common.atomic import write_json_atomic
-from areal_watchdog.rank import task_listener
+from areal_watchdog.rank import areal_trajectory, task_listener
 from areal_watchdog.rank.arming import (
     allow_any_tracer,
     arm_stack_dump,
     exit_code,
     exit_record,
+    quietly,
 )
 from areal_watchdog.rank.flight_recorder import ENV_FLIGHT_RECORDER, start_listener
 from areal_watchdog.rundir.layout import (
@@ -92,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get(ENV_FLIGHT_RECORDER) == "1":
             start_listener(layout, rank)
         task_listener.start(layout)
+        quietly(areal_trajectory.install)
     try:
         _run_entrypoint(entry, args)
     except SystemExit as exc:

@@ -123,11 +123,14 @@ def _collectives(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+ROLLOUT_SIDE = ("rollout_stalled", "weight_sync_stuck")  # verdicts a replay cannot reproduce
+
+
 def _replay(report: dict[str, Any]) -> list[str]:
     trajectory = report.get("trajectory")
     if not trajectory:
         return []
-    return [
+    lines = [
         "",
         "## Replay",
         "",
@@ -135,6 +138,9 @@ def _replay(report: dict[str, Any]) -> list[str]:
         "",
         f"```\n{trajectory.get('replay_command')}\n```",
     ]
+    if report.get("category") in ROLLOUT_SIDE:
+        lines += ["", "A replay has no rollout: it retrains the dumped batch, not this stall."]
+    return lines
 
 
 def _files(report: dict[str, Any]) -> list[str]:

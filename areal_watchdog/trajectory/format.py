@@ -72,6 +72,17 @@ def complete_steps(directory: Path) -> dict[int, list[Path]]:
     return complete
 
 
+NESTED_VOLATILE = frozenset({"trial_name"})  # AReaL repeats it in every engine's section
+
+
+def _without(value: Any, keys: frozenset[str]) -> Any:
+    if isinstance(value, dict):
+        return {k: _without(v, keys) for k, v in value.items() if k not in keys}
+    if isinstance(value, list):
+        return [_without(v, keys) for v in value]
+    return value
+
+
 def config_hash(tree: dict[str, Any]) -> str:
     """A hash of what shapes the data: the config minus names, paths and our own sections."""
     volatile = {
@@ -84,8 +95,9 @@ def config_hash(tree: dict[str, Any]) -> str:
         "recover",
         "stats_logger",
         "evaluator",
+        "total_train_steps",
     }
-    stable = {k: v for k, v in tree.items() if k not in volatile}
+    stable = _without({k: v for k, v in tree.items() if k not in volatile}, NESTED_VOLATILE)
     return hashlib.sha256(json.dumps(stable, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

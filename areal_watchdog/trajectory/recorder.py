@@ -110,8 +110,10 @@ class TrajectoryRecorder:
         dump_steps: Iterable[int] | None = None,
         max_pending: int = 2,
         config_hash: str = "",
+        beats: bool = True,
     ) -> None:
         self.directory = Path(directory)
+        self.beats = beats  # off where the job's own step lines say its progress (AReaL)
         self.dp_rank = dp_rank
         self.dp_size = dp_size
         self.world_size = world_size
@@ -130,11 +132,13 @@ class TrajectoryRecorder:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            self._disable(f"cannot create {self.directory}: {exc.strerror}")
+            self.disable(f"cannot create {self.directory}: {exc.strerror}")
         self._thread.start()
 
     @classmethod
-    def from_env(cls, dp_rank: int | None = None, dp_size: int = 1) -> TrajectoryRecorder | None:
+    def from_env(
+        cls, dp_rank: int | None = None, dp_size: int = 1, beats: bool = True
+    ) -> TrajectoryRecorder | None:
         """The recorder ``areal-launch`` turned on for this job, or None when dumping is off."""
         directory = os.environ.get(ENV_DIR)
         if not directory:
@@ -151,6 +155,7 @@ class TrajectoryRecorder:
             if os.environ.get(ENV_DUMP_STEPS)
             else None,
             config_hash=os.environ.get(ENV_CONFIG_HASH, ""),
+            beats=beats,
         )
 
     def record(self, step: int, batch: Batch, copy: bool = False) -> None:
@@ -161,7 +166,7 @@ class TrajectoryRecorder:
         """
         completed, self.last_step = self.last_step, step
         if self.disabled_reason or (self.dump_steps is not None and step not in self.dump_steps):
-            heartbeat(completed)
+            self._beat(completed)
             return
         snapshot = _snapshot(batch)
         if copy:
@@ -184,7 +189,12 @@ class TrajectoryRecorder:
         self._queue.put(None)
         self._thread.join(timeout)
 
-    def _disable(self, reason: str) -> None:
+    def _beat(self, completed: int | None) -> None:
+        if self.beats:
+            heartbeat(completed)
+
+    def disable(self, reason: str) -> None:
+        """Stop dumping, with one warning; training goes on."""
         if self.disabled_reason is None:
             self.disabled_reason = reason
             print(
@@ -199,7 +209,7 @@ class TrajectoryRecorder:
             try:
                 if job is None:
                     return
-                heartbeat(job.completed)  # off the training thread: it is a file write
+                self._beat(job.completed)  # off the training thread: it is a file write
                 if not self.disabled_reason:
                     self._write(job)
             finally:
@@ -239,7 +249,7 @@ class TrajectoryRecorder:
         except Exception as exc:  # noqa: BLE001 - torch reports a full disk as RuntimeError
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
-            self._disable(f"writing {final.name} failed: {self._explain(exc, job.batch)}")
+            self.disable(f"writing {final.name} failed: {self._explain(exc, job.batch)}")
 
     def _explain(self, exc: Exception, batch: Batch) -> str:
         """A readable cause: torch reports a full disk as an obscure stream-position error."""

@@ -2,8 +2,9 @@
 
 The replay starts from the run's own resolved config (``watchdog/launch_config.yaml``) under a
 new trial name (``<trial>_replay<step>``), so the original run's checkpoints and logs are never
-touched; rollout is bypassed (our ``Replay`` API and AReaL's
-``trajectory_debug.replay_rollout_data``), and the watchdog runs as in the original job.
+touched; rollout is bypassed (our ``Replay`` API in a script written for it, our hook of
+AReaL's trainer in an AReaL experiment, ``rank.areal_trajectory``), and the watchdog runs as in
+the original job.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.rankset import format_ranks
 from areal_watchdog.config.load import load_config
 from areal_watchdog.config.model import JobConfig
+from areal_watchdog.launch.entrypoint import launch_mode
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.trajectory.format import (
     ENV_CONFIG_HASH,
@@ -136,6 +138,8 @@ def plan_replay_config(request: ReplayRequest) -> tuple[JobConfig, list[int]]:
         "++watchdog.trajectory.enabled=false",
     ]
     overrides += [f"++launch.env.{name}={value}" for name, value in env.items()]
+    if launch_mode(original) != "torchrun":  # AReaL's trainer: stop after the replayed steps
+        overrides.append(f"++total_train_steps={len(steps)}")
     if isinstance(original.raw.get("trajectory_debug"), dict):
         overrides += [
             "++trajectory_debug.replay_rollout_data=true",

@@ -182,7 +182,8 @@ class Sidecar:
         """One observation; the leader may open an incident. A follower reads one file a poll
         (the leader's status); what matters less often waits until its status is due."""
         due = self.coordinator.due()
-        if due and not self.run_dir_present():
+        judging = due or self.coordinator.is_leader()  # the leader may report: it checks each poll
+        if self.run_dir_lost or (judging and not self.run_dir_present()):
             return
         self.incidents.write_pending()
         self.statuses = self.coordinator.refresh()
