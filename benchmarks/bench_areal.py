@@ -35,11 +35,11 @@ def run_experiment(root: Path, trial: str, dump: bool) -> tuple[list[float], flo
     cmd = [
         "bash", str(REPO / "scripts" / "loopback.sh"), sys.executable, "-m", "areal_watchdog.cli",
         "--watchdog", "local", str(CONFIG), f"cluster.fileroot={root}", f"trial_name={trial}",
-        f"total_train_steps={STEPS}", f"watchdog.trajectory.enabled={str(dump).lower()}",
+        f"total_train_steps={STEPS}", f"++watchdog.trajectory.enabled={str(dump).lower()}",
     ]  # fmt: skip
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
-        raise RuntimeError(f"the AReaL run failed ({done.returncode}): {done.stdout[-2000:]}")
+        raise RuntimeError(f"the AReaL run failed ({done.returncode}): {(done.stdout + done.stderr)[-2000:]}")
     log = next((root / "logs").glob(f"*/gsm8k-grpo/{trial}/main.log"))
     hook = "\n".join(p.read_text() for p in (root / "gsm8k-grpo" / trial).glob("watchdog/logs/*"))
     waited = WAITED.search(hook)
