@@ -39,7 +39,8 @@ def run_experiment(root: Path, trial: str, dump: bool) -> tuple[list[float], flo
     ]  # fmt: skip
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
-        raise RuntimeError(f"the AReaL run failed ({done.returncode}): {(done.stdout + done.stderr)[-2000:]}")
+        output = (done.stdout + done.stderr)[-2000:]
+        raise RuntimeError(f"the AReaL run failed ({done.returncode}): {output}")
     log = next((root / "logs").glob(f"*/gsm8k-grpo/{trial}/main.log"))
     hook = "\n".join(p.read_text() for p in (root / "gsm8k-grpo" / trial).glob("watchdog/logs/*"))
     waited = WAITED.search(hook)
@@ -55,8 +56,8 @@ def run_areal_benchmarks(quick: bool = False) -> Iterator[tuple[str, Rows]]:
         root = Path(tmp)
         make = [sys.executable, str(REPO / "examples" / "areal" / "harness" / "make_tiny.py")]
         subprocess.run([*make, str(root / "harness")], check=True, capture_output=True)
-        off, _ = run_experiment(root, "off", dump=False)
-        on, waited = run_experiment(root, "on", dump=True)
+        off, _ = run_experiment(root, "dumpoff", dump=False)
+        on, waited = run_experiment(root, "dumpon", dump=True)
     off_s, on_s = statistics.median(off), statistics.median(on)
     rows: Rows = [
         ("median step, dump off", f"{off_s:.3f} s", "-"),
