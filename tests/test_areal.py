@@ -149,6 +149,19 @@ def step_stats(log: Path, step: int) -> dict[str, str]:
     return stats
 
 
+def replay_watched(run_dir: Path, step: int) -> tuple[subprocess.CompletedProcess, RoleWatch]:
+    """``areal-launch replay RUN_DIR --step N`` in a loopback netns, succeeded, and the roles of
+    every process of an AReaL job seen meanwhile."""
+    with RoleWatch() as seen:
+        replayed = subprocess.run(
+            [*LOOPBACK, sys.executable, "-m", "areal_watchdog.cli", "replay", str(run_dir),
+             "--step", str(step)],
+            cwd=REPO, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert replayed.returncode == 0, (replayed.stdout + replayed.stderr)[-4000:]
+    return replayed, seen
+
+
 def by_role(report: dict) -> dict[str, list[dict]]:
     roles: dict[str, list[dict]] = {}
     for process in report["ranks"] + report["workers"]:
@@ -190,13 +203,7 @@ def test_single_controller_hang_names_the_rollout_worker(launcher: Launcher, har
     assert "A replay has no rollout" in markdown  # a rollout stall is not what replay shows
     # Step 0 replays from the initial weights: the same statistics, and not one rollout worker
     # or inference server started.
-    with RoleWatch() as seen:
-        replayed = subprocess.run(
-            [*LOOPBACK, sys.executable, "-m", "areal_watchdog.cli", "replay",
-             str(result.run_dir), "--step", "0"],
-            cwd=REPO, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-    assert replayed.returncode == 0, (replayed.stdout + replayed.stderr)[-4000:]
+    replayed, seen = replay_watched(result.run_dir, 0)
     assert {"controller", "actor"} <= seen.roles and not seen.roles & ROLLOUT_SIDE
     runs = launcher.root / "gsm8k-grpo"
     original, again = (
@@ -245,13 +252,7 @@ def test_spmd_dumps_from_the_ranks_and_replays_without_servers(
     assert result.returncode == 0, result.output[-4000:]
     dumps = sorted(p.name for p in (result.run_dir / "debug_trajectories").glob("*.pt"))
     assert dumps == ["step_000000_dp_0.pt", "step_000001_dp_0.pt"]
-    with RoleWatch() as seen:
-        replayed = subprocess.run(
-            [*LOOPBACK, sys.executable, "-m", "areal_watchdog.cli", "replay",
-             str(result.run_dir), "--step", "1"],
-            cwd=REPO, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-    assert replayed.returncode == 0, (replayed.stdout + replayed.stderr)[-4000:]
+    replayed, seen = replay_watched(result.run_dir, 1)
     assert "inference-servers" not in replayed.stdout
     assert "rank" in seen.roles
     assert not seen.roles & ROLLOUT_SIDE
