@@ -225,11 +225,13 @@ def cmd_replay(argv: list[str], _watchdog: bool) -> int:
         args.allow_config_change,
         tuple(args.overrides),
     )
-    config, steps = plan_replay_config(request)
+    replay = plan_replay_config(request)
+    config, steps = replay.config, replay.steps
     local = LocalBackend()
     plan = local.plan(config, watchdog=True)
+    weights = f"weights:   {replay.weights}\n" if replay.weights else ""
     if args.dry_run:
-        print(f"replaying step(s) {format_ranks(steps)} of {args.run_dir}\n")
+        print(f"replaying step(s) {format_ranks(steps)} of {args.run_dir}\n{weights}")
         print(plan.render())
         return 0
     check_sinks(config)
@@ -239,6 +241,8 @@ def cmd_replay(argv: list[str], _watchdog: bool) -> int:
         f"{config.trial_name} ({config.launch.nproc_per_node} ranks, rollout bypassed)",
         flush=True,
     )
+    if replay.weights:
+        print(f"[areal-launch] replay weights: {replay.weights}", flush=True)
     return local.execute(plan, sys.stdout)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_areal import run_areal_benchmarks  # noqa: E402
 from bench_diagnose import run_diagnose_benchmarks  # noqa: E402
 from bench_faults import run_fault_benchmarks  # noqa: E402
 from bench_notify import run_notify_benchmarks  # noqa: E402
@@ -27,6 +28,7 @@ TOPICS = {
     "faults": run_fault_benchmarks,
     "diagnose": run_diagnose_benchmarks,
     "scale": run_scale_benchmarks,
+    "areal": run_areal_benchmarks,
 }
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import getpass
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -39,7 +40,7 @@ from areal_watchdog.common.roles import Identity, identify
 from areal_watchdog.config.areal import parse_allocation
 from areal_watchdog.config.load import load_config
 from areal_watchdog.launch.local import LocalBackend
-from conftest import REPO, Launcher, LaunchResult, processes_under
+from conftest import REPO, Launcher, LaunchResult, processes_under, read_reports
 
 AREAL = REPO / "examples" / "areal"
 CONFIG = AREAL / "gsm8k_grpo.yaml"
@@ -72,6 +73,16 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=True,
         capture_output=True,
     )
+    return root
+
+
+@pytest.fixture(scope="session")
+def train_harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same, but row 4 (step 2) holds the document separator that the tiny model's own
+    code loops on in the trainer (``harness/modeling_tiny.py``); no rollout-side poison."""
+    root = tmp_path_factory.mktemp("areal-train-harness")
+    make = [sys.executable, str(AREAL / "harness" / "make_tiny.py"), str(root)]
+    subprocess.run([*make, "--train-poison-from", "4"], check=True, capture_output=True)
     return root
 
 
@@ -149,16 +160,18 @@ def step_stats(log: Path, step: int) -> dict[str, str]:
     return stats
 
 
-def replay_watched(run_dir: Path, step: int) -> tuple[subprocess.CompletedProcess, RoleWatch]:
-    """``areal-launch replay RUN_DIR --step N`` in a loopback netns, succeeded, and the roles of
-    every process of an AReaL job seen meanwhile."""
+def replay_watched(
+    run_dir: Path, *steps: str, code: int = 0
+) -> tuple[subprocess.CompletedProcess, RoleWatch]:
+    """``areal-launch replay RUN_DIR STEPS...`` in a loopback netns, ended with ``code``, and
+    the roles of every process of an AReaL job seen meanwhile."""
     with RoleWatch() as seen:
         replayed = subprocess.run(
             [*LOOPBACK, sys.executable, "-m", "areal_watchdog.cli", "replay", str(run_dir),
-             "--step", str(step)],
+             *steps],
             cwd=REPO, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
-    assert replayed.returncode == 0, (replayed.stdout + replayed.stderr)[-4000:]
+    assert replayed.returncode == code, (replayed.stdout + replayed.stderr)[-4000:]
     return replayed, seen
 
 
@@ -201,19 +214,63 @@ def test_single_controller_hang_names_the_rollout_worker(launcher: Launcher, har
     assert report["trajectory"]["replay_command"].endswith(f"{result.run_dir} --step 3")
     markdown = next(result.run_dir.glob("incidents/*/report.md")).read_text()
     assert "A replay has no rollout" in markdown  # a rollout stall is not what replay shows
-    # Step 0 replays from the initial weights: the same statistics, and not one rollout worker
-    # or inference server started.
-    replayed, seen = replay_watched(result.run_dir, 0)
+    # Steps 0-1 replay from the initial weights: the first has the same statistics, and not
+    # one rollout worker or inference server started.
+    replayed, seen = replay_watched(result.run_dir, "--from", "0", "--to", "1")
     assert {"controller", "actor"} <= seen.roles and not seen.roles & ROLLOUT_SIDE
     runs = launcher.root / "gsm8k-grpo"
-    original, again = (
-        step_stats(next((runs / t / "watchdog" / "logs").glob("controller_*.log")), 1)
-        for t in ("sc", "sc_replay0")
-    )
+    logs = [
+        next((runs / t / "watchdog" / "logs").glob("controller_*.log"))
+        for t in ("sc", "sc_replay0to1")
+    ]
+    replayed_log = logs[1].read_text(errors="replace")
+    assert "Train step 2/" in replayed_log and "Train step 3/" not in replayed_log
+    original, again = (step_stats(log, 1) for log in logs)
     assert again["ppo_actor/update/entropy/avg"] == original["ppo_actor/update/entropy/avg"]
     assert {k: v for k, v in again.items() if k.startswith("ppo_actor/update/")} == {
         k: v for k, v in original.items() if k.startswith("ppo_actor/update/")
     }
+
+
+@needs_areal
+@needs_root
+@pytest.mark.slow
+def test_training_side_hang_is_named_and_its_replay_hangs_the_same_way(
+    launcher: Launcher, train_harness: Path
+) -> None:
+    """A data-dependent hang in the trainer: at global step 2 one DP rank spins in the model's
+    own code over a sample, its peer waits in FSDP's all-gather. The dumped step replays from
+    AReaL's recover checkpoint of global step 1, with no rollout, hangs the same way, and the
+    replay's report says the same; the original run's checkpoint is left as it was."""
+    two_ranks = ["actor.backend=fsdp:d2", "+actor.ppo_n_minibatches=2"]
+    recover = ["recover.mode=auto", "+recover.freq_steps=1"]
+    result = run_areal(launcher, train_harness, "th", [*two_ranks, *recover])
+    assert result.returncode == 3, result.output[-4000:]
+    (report,) = result.reports
+    assert (report["category"], report["last_step"]) == ("straggler", 2)
+    (culprit,) = report["culprit_ranks"]
+    assert "restart_positions() <- TinyQwen2ForCausalLM.forward()" in report["summary"]
+    assert f"while rank {1 - culprit} waits in all_gather_single" in report["summary"]
+    assert report["collectives"]["agreement"].startswith("the stacks and the collective record")
+    assert report["trajectory"]["replay_command"].endswith(f"{result.run_dir} --step 2")
+    record_evidence(report, f"straggler_w2_r{culprit}--areal-fsdp2-all-gather")
+    saved = launcher.root / "checkpoints" / getpass.getuser() / "gsm8k-grpo" / "th"
+    step_info = saved / "recover_info" / "step_info.json"
+    assert json.loads(step_info.read_text())["global_step"] == 1
+    before = sorted((p, p.stat().st_mtime_ns) for p in saved.rglob("*") if p.is_file())
+    replayed, seen = replay_watched(result.run_dir, "--step", "2", code=3)
+    assert f"replay weights: AReaL's recover checkpoint of step 1 ({step_info.parent})" in (
+        replayed.stdout
+    )
+    assert {"controller", "actor"} <= seen.roles and not seen.roles & ROLLOUT_SIDE
+    replay_dir = launcher.root / "gsm8k-grpo" / "th_replay2"
+    log = next((replay_dir / "watchdog" / "logs").glob("controller_*.log"))
+    assert "Recovering from StepInfo(" in log.read_text(errors="replace")
+    (again,) = read_reports(replay_dir)
+    assert (again["category"], again["culprit_ranks"]) == ("straggler", [culprit])
+    same_place = ("restart_positions() <- TinyQwen2ForCausalLM.forward()", "all_gather_single")
+    assert all(place in again["summary"] for place in same_place)
+    assert sorted((p, p.stat().st_mtime_ns) for p in saved.rglob("*") if p.is_file()) == before
 
 
 @needs_areal
@@ -252,7 +309,7 @@ def test_spmd_dumps_from_the_ranks_and_replays_without_servers(
     assert result.returncode == 0, result.output[-4000:]
     dumps = sorted(p.name for p in (result.run_dir / "debug_trajectories").glob("*.pt"))
     assert dumps == ["step_000000_dp_0.pt", "step_000001_dp_0.pt"]
-    replayed, seen = replay_watched(result.run_dir, 1)
+    replayed, seen = replay_watched(result.run_dir, "--step", "1")
     assert "inference-servers" not in replayed.stdout
     assert "rank" in seen.roles
     assert not seen.roles & ROLLOUT_SIDE

@@ -33,12 +33,15 @@ COLLECTIVE_OPS = frozenset(
         "all_reduce",
         "all_gather",
         "all_gather_into_tensor",
+        "all_gather_single",  # FSDP2's parameter all-gather (torch >= 2.12)
+        "all_gather_coalesced",
         "all_gather_object",
         "all_to_all",
         "all_to_all_single",
         "reduce",
         "reduce_scatter",
         "reduce_scatter_tensor",
+        "reduce_scatter_single",  # FSDP2's gradient reduce-scatter (torch >= 2.12)
         "broadcast",
         "broadcast_object_list",
         "barrier",
@@ -620,7 +623,7 @@ def _straggler(scene: Scene) -> Verdict | None:
         0.8 if len(busy) < len(waiting) else 0.55,
         sorted(busy),
         f"{_cap(ranks_phrase(busy))} {_is(busy)} still in ordinary code "
-        f"({_first_where(busy, scene.acts)}) while {ranks_phrase(waiting)} wait in "
+        f"({_first_where(busy, scene.acts)}) while {ranks_phrase(waiting)} wait{_s(waiting)} in "
         f"{scene.acts[waiting[0]].op}: a straggler, not a code-path difference.",
     )
 

@@ -17,7 +17,10 @@ actor's ``prepare_batch`` is shadowed on that one object (no class of AReaL chan
 A replay (``areal-launch replay``) runs the same script with PR #1407's null rollout:
 ``PPOTrainer._init_rollout`` returns an object that does nothing, so no rollout worker and no
 inference server is ever started; the actor's ``prepare_batch`` returns the dumped batches (this
-rank's share in SPMD), and its ``connect_engine`` and ``update_weights`` do nothing.
+rank's share in SPMD), and its ``connect_engine`` and ``update_weights`` do nothing. Each batch
+handed over is a heartbeat (a replayed step that hangs is judged by ``stall_timeout``), and the
+replay never writes a recover checkpoint: the one it loaded may be the original run's
+(``trajectory/areal_replay.py``).
 
 The hook checks AReaL's version and the signatures it relies on. A dump switches itself off with
 one warning when they differ, and whatever fails, training goes on unchanged; a replay that
@@ -37,6 +40,7 @@ import time
 from types import ModuleType
 from typing import Any
 
+from areal_watchdog.rank.heartbeat import heartbeat
 from areal_watchdog.trajectory.format import ENV_DIR, ENV_REPLAY_DIR
 
 TRAINER_MODULE = "areal.trainer.rl_trainer"
@@ -161,8 +165,7 @@ class _Dumping:
 
         self.actor = trainer.actor
         _check_prepare_batch(self.actor)
-        info = trainer.recover_info
-        self.step = info.last_step_info.next().global_step if info is not None else 0
+        self.step = first_step(trainer)
         self.controller = isinstance(self.actor, TrainController)
         head = self.controller or self.actor.is_data_parallel_head()
         dp_rank = None if self.controller else self.actor.data_parallel_rank
@@ -215,6 +218,12 @@ class _Dumping:
         )
 
 
+def first_step(trainer: Any) -> int:
+    """The global step ``train`` starts at: 0, or the one after AReaL's recover checkpoint."""
+    info = trainer.recover_info
+    return info.last_step_info.next().global_step if info is not None else 0
+
+
 def _replaying_init_rollout(init_rollout: Any) -> Any:
     @functools.wraps(init_rollout)
     def wrapped(self: Any, rollout_config: Any, is_eval: bool = False, **kwargs: Any) -> Any:
@@ -222,7 +231,7 @@ def _replaying_init_rollout(init_rollout: Any) -> Any:
             return None  # no evaluation in a replay: AReaL skips it without an eval rollout
         try:
             _check_prepare_batch(self.actor)
-            _Replaying(self.actor)
+            _Replaying(self)
         except (_Off, ValueError, OSError) as exc:
             sys.exit(f"[areal-watchdog] cannot replay: {exc}")
         return NoRollout()
@@ -235,6 +244,11 @@ class NoRollout:
 
     callback_addr = ""
     server_infos: list[Any] = []
+    staleness_manager = None  # what AReaL's recover path looks up after loading a checkpoint
+
+    @property
+    def workflow_executor(self) -> NoRollout:  # SPMD's route to the staleness manager
+        return self
 
     def export_stats(self) -> dict[str, Any]:
         return {}
@@ -248,13 +262,16 @@ def _nothing(*_args: Any, **_kwargs: Any) -> None:
 
 
 class _Replaying:
-    """The actor of a replay: batches from the dump, no link to any inference server."""
+    """The actor of a replay: batches from the dump, no link to any inference server, and no
+    recover checkpoint written (the one loaded may belong to the original run)."""
 
-    def __init__(self, actor: Any) -> None:
+    def __init__(self, trainer: Any) -> None:
         from areal.infra.controller.train_controller import TrainController
 
         from areal_watchdog.trajectory.reader import Replay
 
+        actor = trainer.actor
+        self.trainer = trainer
         self.controller = isinstance(actor, TrainController)
         dp_rank = 0 if self.controller else actor.data_parallel_rank
         dp_size = 1 if self.controller else actor.data_parallel_world_size
@@ -262,6 +279,7 @@ class _Replaying:
         if replay is None:
             raise ValueError(f"{ENV_REPLAY_DIR} is not set")
         self.batches = replay.batches()
+        self.delivered: int | None = None  # set at the first batch, once the trainer is built
         actor.prepare_batch = self.next_batch
         actor.connect_engine = _nothing
         actor.update_weights = _nothing
@@ -271,6 +289,13 @@ class _Replaying:
         if step is None:
             raise RuntimeError("every dumped step was replayed: set total_train_steps")
         batch = step[1]
+        if self.delivered is None:
+            self.delivered = first_step(self.trainer)
+            self.trainer.recover_handler.dump = _nothing
+        # Progress as the replay's step lines count it: a replayed step that hangs is then
+        # judged by stall_timeout, as in the original run, not by startup_timeout.
+        heartbeat(self.delivered)
+        self.delivered += 1
         if self.controller:
             return batch
         from areal.infra.platforms import current_platform

@@ -20,6 +20,7 @@ from areal_watchdog.config.load import load_config
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.entrypoint import launch_mode
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.trajectory.areal_replay import areal_replay
 from areal_watchdog.trajectory.format import (
     ENV_CONFIG_HASH,
     ENV_REPLAY_DIR,
@@ -95,8 +96,18 @@ def choose_steps(
     return wanted
 
 
-def plan_replay_config(request: ReplayRequest) -> tuple[JobConfig, list[int]]:
-    """The config of the replay run (our env and overrides applied) and the steps it replays."""
+@dataclass(frozen=True)
+class ReplayConfig:
+    """The replay run's config (our env and overrides applied), the steps it replays and, for
+    an AReaL run, where its weights come from."""
+
+    config: JobConfig
+    steps: list[int]
+    weights: str | None = None
+
+
+def plan_replay_config(request: ReplayRequest) -> ReplayConfig:
+    """The replay run's config, steps and weights."""
     layout = RunLayout(request.run_dir.resolve())
     if not layout.launch_config.is_file():
         raise UserError(
@@ -138,8 +149,11 @@ def plan_replay_config(request: ReplayRequest) -> tuple[JobConfig, list[int]]:
         "++watchdog.trajectory.enabled=false",
     ]
     overrides += [f"++launch.env.{name}={value}" for name, value in env.items()]
-    if launch_mode(original) != "torchrun":  # AReaL's trainer: stop after the replayed steps
-        overrides.append(f"++total_train_steps={len(steps)}")
+    weights, resharding = None, []
+    if launch_mode(original) != "torchrun":
+        areal = areal_replay(original, trial, steps, request.nproc)
+        overrides += areal.overrides
+        weights, resharding = areal.weights, areal.resharding
     if isinstance(original.raw.get("trajectory_debug"), dict):
         overrides += [
             "++trajectory_debug.replay_rollout_data=true",
@@ -148,17 +162,17 @@ def plan_replay_config(request: ReplayRequest) -> tuple[JobConfig, list[int]]:
         ]
     config = load_config(layout.launch_config, [*overrides, *request.overrides])
     recorded_hash = next((m.get("config_hash") for m in manifests if m.get("config_hash")), None)
-    if (
-        recorded_hash
-        and not request.allow_config_change
-        and recorded_hash != config_hash(config.raw)
-    ):
-        raise UserError(
-            f"{available[steps[0]][0]}: recorded with another config (hash "
-            f"{recorded_hash}, the replay's {config_hash(config.raw)}); drop the "
-            "overrides that change the model or data, or pass --allow-config-change"
-        )
-    return config, steps
+    if recorded_hash and not request.allow_config_change:
+        replay_hash = config_hash(config.raw)
+        if recorded_hash != replay_hash:
+            raise UserError(
+                f"{available[steps[0]][0]}: recorded with another config (hash "
+                f"{recorded_hash}, the replay's {replay_hash}); drop the "
+                "overrides that change the model or data, or pass --allow-config-change"
+            )
+    if resharding:
+        config = load_config(layout.launch_config, [*overrides, *request.overrides, *resharding])
+    return ReplayConfig(config, steps, weights)
 
 
 def _new_trial(config: JobConfig, steps: list[int]) -> str:

@@ -6,16 +6,22 @@ There is no model hub here, so this builds, in a few seconds on a CPU:
   with Qwen's chat markers ``<|im_start|>``/``<|im_end|>`` and a chat template);
 - a tiny Qwen2 causal LM with random weights (2 layers, hidden size 32), saved with
   ``save_pretrained`` beside the tokenizer, so ``AutoModelForCausalLM.from_pretrained`` and
-  ``AutoTokenizer.from_pretrained`` load it as they would a real checkpoint;
+  ``AutoTokenizer.from_pretrained`` load it as they would a real checkpoint; it ships modelling
+  code of its own (``modeling_tiny.py``, through ``auto_map``), which AReaL's trainer runs;
 - a GSM8K-shaped dataset (``question``/``answer`` ending ``#### N``) in the layout AReaL's
   ``gsm8k`` loader reads with ``datasets.load_dataset(path, name="main")``;
 - ``site/``: a folder for ``PYTHONPATH`` that holds the ``sglang`` stand-in
   (``examples/inference_server/fake_sglang``, linked), so AReaL starts our CPU server.
 
-Rows whose ``question`` starts with ``POISON`` are the data-dependent hang of the AReaL demo
-(``examples/areal/check_workflow.py``): ``--poison-from K`` makes rows K, K+1, ... poisoned.
+Two data-dependent hangs, one per side:
 
-``python make_tiny.py OUT_DIR [--rows N] [--poison-from K] [--poison-count C]``
+- rollout: rows whose ``question`` starts with ``POISON`` make the workflow's calculator tool hang
+  (``examples/areal/tool_workflow.py``); ``--poison-from K`` poisons rows K, K+1, ...;
+- training: rows that hold the document separator ``<|doc_sep|>`` make the trainer's forward pass
+  spin (``modeling_tiny.py``); ``--train-poison-from K`` marks rows K, K+1, ...
+
+``python make_tiny.py OUT_DIR [--rows N] [--poison-from K] [--poison-count C]
+[--train-poison-from K] [--train-poison-count C]``
 prints the paths it made.
 """
 
@@ -26,7 +32,9 @@ import json
 import random
 from pathlib import Path
 
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+DOC_SEP = "<|doc_sep|>"
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", DOC_SEP]
+MODELLING = Path(__file__).with_name("modeling_tiny.py")
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
     "{{ message['content'] }}<|im_end|>\n{% endfor %}"
@@ -46,13 +54,16 @@ A GSM8K-shaped toy dataset made offline by areal-watchdog's CPU harness (make_ti
 """
 
 
-def rows(count: int, seed: int, poison: range) -> list[dict[str, str]]:
-    """Arithmetic word problems in GSM8K's shape; the rows in ``poison`` are marked."""
+def rows(count: int, seed: int, poison: range, train_poison: range) -> list[dict[str, str]]:
+    """Arithmetic word problems in GSM8K's shape; the rows in ``poison`` and ``train_poison``
+    are marked."""
     rng = random.Random(seed)
     out = []
     for i in range(count):
         a, b = rng.randint(1, 20), rng.randint(1, 20)
         question = f"Tom has {a} apples and buys {b} more. How many apples does Tom have?"
+        if i in train_poison:
+            question = question.replace(". ", f".{DOC_SEP}", 1)
         if i in poison:
             question = f"{POISON} {question}"
         out.append({"question": question, "answer": f"{a} + {b} = {a + b}\n#### {a + b}"})
@@ -94,7 +105,8 @@ def make_tokenizer(texts: list[str]):
 
 
 def make_model(tokenizer, path: Path, seed: int) -> None:
-    """A 2-layer Qwen2 with random weights, saved with its tokenizer."""
+    """A 2-layer Qwen2 with random weights and its own modelling code, saved with its
+    tokenizer."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
@@ -115,8 +127,11 @@ def make_model(tokenizer, path: Path, seed: int) -> None:
     )
     model = AutoModelForCausalLM.from_config(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.config.auto_map = {"AutoModelForCausalLM": "modeling_tiny.TinyQwen2ForCausalLM"}
+    model.config.doc_sep_token_id = tokenizer.convert_tokens_to_ids(DOC_SEP)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+    (path / MODELLING.name).write_text(MODELLING.read_text())
 
 
 def link_site(root: Path) -> Path:
@@ -132,17 +147,24 @@ def link_site(root: Path) -> Path:
     return site
 
 
+def marked(start: int | None, count: int) -> range:
+    """Rows ``start`` .. ``start + count - 1``, or none."""
+    return range(start, start + count) if start is not None else range(0)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--poison-from", type=int, default=None)
     parser.add_argument("--poison-count", type=int, default=4)
+    parser.add_argument("--train-poison-from", type=int, default=None)
+    parser.add_argument("--train-poison-count", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
-    start = args.poison_from
-    poison = range(start, start + args.poison_count) if start is not None else range(0)
-    data = rows(args.rows, args.seed, poison)
+    poison = marked(args.poison_from, args.poison_count)
+    train_poison = marked(args.train_poison_from, args.train_poison_count)
+    data = rows(args.rows, args.seed, poison, train_poison)
     dataset = write_dataset(args.out, data)
     texts = [r["question"] + "\n" + r["answer"] for r in data] + [CHAT_TEMPLATE]
     model = args.out / "tiny-qwen2"
