@@ -238,7 +238,7 @@ def cmd_replay(argv: list[str], _watchdog: bool) -> int:
     flush_spool(str(RunLayout(args.run_dir).run_dir))
     print(
         f"[areal-launch] replaying step(s) {format_ranks(steps)} of {args.run_dir} as trial "
-        f"{config.trial_name} ({config.launch.nproc_per_node} ranks, rollout bypassed)",
+        f"{config.trial_name} ({replay.trainers}, rollout bypassed)",
         flush=True,
     )
     if replay.weights:

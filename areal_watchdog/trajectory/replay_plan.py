@@ -105,6 +105,15 @@ class ReplayConfig:
     steps: list[int]
     weights: str | None = None
 
+    @property
+    def trainers(self) -> str:
+        """Who trains, for people: "2 ranks", or an AReaL run's actor allocation."""
+        actor = self.config.raw.get("actor")
+        if self.weights is not None and isinstance(actor, dict):
+            return f"actor {actor.get('backend')}"
+        nproc = self.config.launch.nproc_per_node
+        return f"{nproc} rank{'' if nproc == 1 else 's'}"
+
 
 def plan_replay_config(request: ReplayRequest) -> ReplayConfig:
     """The replay run's config, steps and weights."""

@@ -49,7 +49,11 @@ class Sampler:
         self.model = self.load(model_path) if model_path else None
         self.model_path = model_path
         self.seed = seed
-        self.eos = getattr(getattr(self.model, "config", None), "eos_token_id", None)
+        config = getattr(self.model, "config", None)
+        self.eos = getattr(config, "eos_token_id", None)
+        # A document separator belongs in prompts only: a trained model never emits it, a model
+        # with random weights would (the harness's tiny model, harness/modeling_tiny.py).
+        self.banned = [t for t in (getattr(config, "doc_sep_token_id", None),) if t is not None]
 
     @staticmethod
     def load(path: str) -> Any:
@@ -87,6 +91,7 @@ class Sampler:
                 out = self.model(input_ids=ids, past_key_values=past, use_cache=True)
             past, logits = out.past_key_values, out.logits[0, -1].float()
             logits = _filtered(logits / max(temperature, 1e-5), params)
+            logits[self.banned] = float("-inf")
             logprobs = torch.log_softmax(logits, dim=-1)
             if temperature <= 0:
                 token = int(torch.argmax(logprobs))
