@@ -263,7 +263,8 @@ def test_training_side_hang_is_named_and_its_replay_hangs_the_same_way(
         replayed.stdout
     )
     assert {"controller", "actor"} <= seen.roles and not seen.roles & ROLLOUT_SIDE
-    replay_dir = launcher.root / "gsm8k-grpo" / "th_replay2"
+    runs = launcher.root / "gsm8k-grpo"
+    replay_dir = runs / "th_replay2"
     log = next((replay_dir / "watchdog" / "logs").glob("controller_*.log"))
     assert "Recovering from StepInfo(" in log.read_text(errors="replace")
     (again,) = read_reports(replay_dir)
@@ -271,6 +272,12 @@ def test_training_side_hang_is_named_and_its_replay_hangs_the_same_way(
     same_place = ("restart_positions() <- TinyQwen2ForCausalLM.forward()", "all_gather_single")
     assert all(place in again["summary"] for place in same_place)
     assert sorted((p, p.stat().st_mtime_ns) for p in saved.rglob("*") if p.is_file()) == before
+    # A healthy step re-sharded onto one rank: the controller splits the dumped batch anew.
+    replayed, _ = replay_watched(result.run_dir, "--step", "1", "--nproc", "1")
+    assert "(actor fsdp:d1, rollout bypassed)" in replayed.stdout
+    assert "holds step 1, not 0 (AReaL keeps the newest)" in replayed.stdout
+    log = next((runs / "th_replay1" / "watchdog" / "logs").glob("controller_*.log"))
+    assert "Train step 1/" in log.read_text(errors="replace")
 
 
 @needs_areal

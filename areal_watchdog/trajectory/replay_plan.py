@@ -179,8 +179,11 @@ def plan_replay_config(request: ReplayRequest) -> ReplayConfig:
                 f"{recorded_hash}, the replay's {replay_hash}); drop the "
                 "overrides that change the model or data, or pass --allow-config-change"
             )
-    if resharding:
-        config = load_config(layout.launch_config, [*overrides, *request.overrides, *resharding])
+    if resharding:  # checked above without it; the ranks' own check must not see it either
+        unchecked = f"++launch.env.{ENV_CONFIG_HASH}="
+        config = load_config(
+            layout.launch_config, [*overrides, *request.overrides, *resharding, unchecked]
+        )
     return ReplayConfig(config, steps, weights)
 
 
