@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.rankset import format_ranks
 from areal_watchdog.common.redact import Redactor
@@ -35,12 +34,14 @@ from areal_watchdog.evidence import offline
 from areal_watchdog.launch.backend import backend
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.local import LocalBackend
-from areal_watchdog.launch.slurm.jobs import cancel_job, job_state, node_statuses, resolve_job
+from areal_watchdog.launch.slurm.jobs import cancel_job, job_state, resolve_job
+from areal_watchdog.launch.slurm.status import status_lines
 from areal_watchdog.notify.delivery import delivery_id, send
 from areal_watchdog.notify.notifier import deliver_spooled, render, secret_values
 from areal_watchdog.notify.sinks import SecretError, SinkSpec, resolve
 from areal_watchdog.report.sample import sample_report
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.rundir.secure import check_run_dir, private_dir_problem
 from areal_watchdog.trajectory.replay_plan import ReplayRequest, plan_replay_config
 
 COMMANDS = ("local", "slurm", "status", "cancel", "replay", "notify-test", "diagnose")
@@ -85,8 +86,20 @@ def check_sinks(config: JobConfig) -> None:
 
 
 def flush_spool(run_dir: str, log: Callable[[str], None] = print) -> None:
-    """Deliver notifications an earlier run could not send."""
-    sent, left = deliver_spooled(RunLayout(Path(run_dir)).spool_dir, log)
+    """Deliver notifications an earlier run could not send: only from a run directory of ours
+    and a spool nobody else could have written (we sign and send what it holds). A launch into
+    a directory that is not ours says why when it refuses it, right after."""
+    try:
+        spool = RunLayout(check_run_dir(Path(run_dir))).spool_dir
+    except UserError:
+        return
+    if not (spool.exists() or spool.is_symlink()):
+        return
+    problem = private_dir_problem(spool)
+    if problem:
+        log(f"[areal-launch] spool {spool} not flushed: {problem}")
+        return
+    sent, left = deliver_spooled(spool, log)
     if sent or left:
         log(f"[areal-launch] spooled notifications: {sent} delivered, {left} still pending")
 
@@ -146,27 +159,11 @@ def cmd_status(argv: list[str], _watchdog: bool) -> int:
     )
     if run_dir is None:
         return 0
+    run_dir = check_run_dir(run_dir)  # named by the job's comment: ours to read?
     print(f"run dir: {run_dir}")
     flush_spool(str(run_dir))
-    now = time.time()
-    for status in node_statuses(run_dir):
-        alive = format_ranks(int(r) for r in status.get("ranks_alive", {})) or "-"
-        gone = format_ranks(status.get("ranks_gone", [])) or "-"
-        leader = " (leader)" if status.get("leader") == status.get("node") else ""
-        print(
-            f"  {status.get('node')}{leader}: {status.get('state')}, last step "
-            f"{status.get('last_step')}, ranks alive {alive}, exited {gone}, seen "
-            f"{now - float(status.get('time', now)):.0f} s ago, last incident "
-            f"{status.get('last_incident') or '-'}"
-        )
-    reports = sorted(RunLayout(run_dir).incidents_dir.glob("*/report.json"))
-    for path in reports[-3:]:
-        report = read_json(path) or {}
-        print(
-            f"  incident {report.get('incident_id')}: {report.get('category')}, culprit ranks "
-            f"{format_ranks(report.get('culprit_ranks', [])) or '-'}, nodes "
-            f"{', '.join(report.get('culprit_nodes', [])) or '-'}"
-        )
+    for line in status_lines(run_dir, time.time()):
+        print(line)
     return 0
 
 

@@ -192,7 +192,7 @@ def test_single_controller_hang_names_the_rollout_worker(launcher: Launcher, har
     assert result.returncode == 3, result.output[-4000:]
     assert "first step seen: step 1" in result.output
     (report,) = result.reports
-    assert report["schema_version"] == 3
+    assert report["schema_version"] == 4
     assert (report["category"], report["cause"]) == ("rollout_stalled", "workflow_stuck")
     assert report["last_step"] == 4
     (culprit,) = report["culprit_workers"]

@@ -243,3 +243,85 @@ def test_a_job_whose_every_rank_ended_cleanly_is_finishing_not_hung() -> None:
     assert not ended_cleanly(Evidence(world_size=2, ranks=failed))
     controller = RankEvidence(None, role="controller", state=BLOCKED)
     assert not ended_cleanly(Evidence(world_size=2, ranks=done, workers=[controller]))
+
+
+SITE = "/venv/lib/python3.11/site-packages"
+SCRIPT = "/home/me/proj/gsm8k_rl.py"
+
+
+def test_an_early_exit_from_areals_loop_is_a_cleanup_deadlock_of_the_rank_that_left() -> None:
+    """AReaL #684's shape: rank 0 left train() and waits in dist.barrier inside
+    FSDPEngine.destroy (PPOTrainer.__exit__ -> close); rank 1 went on into the weight update
+    and waits, idle, in a functional collective (DTensor.redistribute -> wait_tensor)."""
+    left = stack(
+        ("barrier", TORCH, 4800),
+        ("FSDPEngine.destroy", f"{SITE}/areal/engine/fsdp_engine.py", 310),
+        ("PPOTrainer.close", f"{SITE}/areal/trainer/rl_trainer.py", 700),
+        ("PPOTrainer.__exit__", f"{SITE}/areal/trainer/rl_trainer.py", 720),
+        ("main", SCRIPT, 47),
+        ("<module>", SCRIPT, 56),
+    )
+    went_on = stack(
+        ("__call__", f"{SITE}/torch/_ops.py", 1100),
+        ("wait_tensor", f"{SITE}/torch/distributed/_functional_collectives.py", 140),
+        ("redistribute", f"{SITE}/torch/distributed/tensor/_redistribute.py", 200),
+        ("DTensor.full_tensor", f"{SITE}/torch/distributed/tensor/_api.py", 560),
+        ("FSDPEngine.update_weights", f"{SITE}/areal/engine/fsdp_engine.py", 900),
+        ("PPOTrainer.train", f"{SITE}/areal/trainer/rl_trainer.py", 400),
+        ("main", SCRIPT, 40),
+        ("<module>", SCRIPT, 56),
+    )
+    ranks = [rank(0, left, cpu_utilization=0.0), rank(1, went_on, cpu_utilization=0.01)]
+    verdict = classify(Evidence(world_size=2, ranks=ranks))
+    assert (verdict.category, verdict.culprit_ranks) == ("cleanup_deadlock", [0])
+    assert "FSDPEngine.destroy" in verdict.summary and "wait_tensor" in verdict.summary
+
+
+def test_a_rank_that_burns_no_cpu_is_never_still_in_ordinary_code() -> None:
+    sleeping = stack(("sleep", USER, 9), ("step", USER, 90), ("main", USER, 200))
+    ranks = [rank(r, in_collective("all_reduce", 120)) for r in range(3)]
+    ranks.append(rank(3, sleeping, cpu_utilization=0.0))
+    verdict = classify(Evidence(world_size=4, ranks=ranks))
+    assert (verdict.category, verdict.culprit_ranks) == ("straggler", [3])
+    assert "still in ordinary code" not in verdict.summary
+    assert "blocked outside any collective, burning no CPU" in verdict.summary
+
+
+def test_a_controller_exception_is_the_summary_not_the_workers_it_ended() -> None:
+    """AReaL's single controller raised EngineCallError from ppo_update; its teardown ended
+    the actor workers (ranks 0-3) after it."""
+    message = (
+        "EngineCallError: Engine method 'ppo_update' failed on worker actor/0: ValueError: "
+        "Number of values 1 is smaller than min_groups 4"
+    )
+    controller = RankEvidence(
+        None, node="n", pid=77, role="controller", state=EXITED,
+        exit=ExitInfo(code=1, kind="exception", time=10.0, exc_type="EngineCallError",
+                      message=message,
+                      traceback=f'File "{SCRIPT}", line 47, in main\nEngineCallError: ...'),
+    )  # fmt: skip
+    ended = [
+        RankEvidence(r, node="n", pid=100 + r, role="actor", worker_index=r, state=EXITED,
+                     exit=ExitInfo(time=11.0))
+        for r in range(4)
+    ]  # fmt: skip
+    verdict = classify(Evidence(world_size=4, ranks=ended, workers=[controller], job_failed=True))
+    assert verdict.category == "rank_crashed" and verdict.culprit_ranks == []
+    assert verdict.culprit_workers == [{"role": "controller", "node": "n", "pid": 77}]
+    assert verdict.summary.startswith("The controller failed: raised EngineCallError")
+    assert "Number of values 1 is smaller than min_groups 4" in verdict.summary
+    assert "ranks 0-3 ended after it" in verdict.summary
+
+
+def test_paths_in_summaries_cannot_be_mistaken_for_areals() -> None:
+    """A user's own ``areal/`` folder beside AReaL's installed package: the user's file is
+    shown relative to the rank's working directory, AReaL's under site-packages/."""
+    mine = "/home/me/proj/src/areal/my_workflow.py"
+    stuck = stack(("compute", mine, 12), ("step", mine, 30), ("main", SCRIPT, 40))
+    ranks = [rank(r, in_collective("all_reduce", 120)) for r in range(2)]
+    ranks.append(rank(2, stuck, state=RUNNING, cpu_utilization=1.0, cwd="/home/me/proj"))
+    verdict = classify(Evidence(world_size=3, ranks=ranks))
+    assert "at src/areal/my_workflow.py:12 in compute()" in verdict.summary
+    elsewhere = rank(2, stuck, state=RUNNING, cpu_utilization=1.0, cwd="/srv")
+    verdict = classify(Evidence(world_size=3, ranks=[*ranks[:2], elsewhere]))
+    assert f"at {mine}:12" in verdict.summary

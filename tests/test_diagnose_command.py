@@ -117,3 +117,36 @@ def test_two_dumps_of_one_rank_keep_the_newest(tmp_path: Path) -> None:
     found = offline.load(dumps)
     assert found.files[2] == "rank_2"
     assert classify(found.evidence).culprit_ranks == [2]
+
+
+@pytest.mark.parametrize("name", ["moe_w4_r3", "pairs_w4_r3"])
+@pytest.mark.parametrize("nccl", [False, True], ids=["gloo", "nccl-pg-config"])
+def test_ranks_whose_dump_holds_no_collective_are_the_culprits(
+    tmp_path: Path, name: str, nccl: bool
+) -> None:
+    """Real dumps in which ranks 1 and 3 never issued a collective (GIL-locked ranks: their
+    dump files exist, with no entry): they are the culprits, and their dumps are no "missing
+    dump". ``nccl``: ``pg_config`` lists the members, as NCCL's dumps do."""
+    for source in (DUMPS / name / "pickle").iterdir():
+        trace = pickle.loads(source.read_bytes())
+        if nccl:
+            trace["pg_config"] = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"}}
+        if source.name in ("rank_1", "rank_3"):
+            trace["entries"] = []
+            never = {"last_enqueued_collective": -1, "last_completed_collective": -1}
+            trace["pg_status"] = {pg: dict(never) for pg in trace["pg_status"]}
+        (tmp_path / source.name).write_bytes(pickle.dumps(trace))
+    result = diagnose(str(tmp_path), "--json")
+    assert result.returncode == 0, result.stderr
+    verdict = json.loads(result.stdout)
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("straggler", [1, 3])
+    assert "never issued collective #1" in verdict["summary"]
+    assert "No dump from" not in verdict["summary"]
+
+
+def test_a_deeply_nested_evidence_file_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "evidence.json").write_text("[" * 100_000)
+    result = diagnose(str(tmp_path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.splitlines()
+    assert "not a readable evidence file" in line

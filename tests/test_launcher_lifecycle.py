@@ -62,6 +62,7 @@ def test_an_interrupt_ends_everything_and_pages_nobody(launcher: Launcher, sig: 
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, output[-3000:]
     assert "interrupted: stopping the job" in output
+    assert "Traceback" not in output and "SignalException" not in output  # one Ctrl-C: calm
     assert read_reports(run_dir) == [], "an interrupt by the user is not a failure"
     assert "report written" not in output
     assert gone_within(launcher.root, 10) == []

@@ -86,9 +86,11 @@ def test_mismatch_report_names_call_sites(launcher: Launcher) -> None:
     assert "announce_metrics" in (incident / "stacks" / "rank_3.txt").read_text()
 
 
-def test_healthy_slow_job_and_announced_pause_finish_without_incident(launcher: Launcher) -> None:
-    # Steps take 1.5 s against a 3 s threshold; the checkpoint pause (5 s) exceeds it but is
-    # announced through areal_watchdog.expect_pause.
+def test_a_slow_phase_and_an_announced_pause_are_never_cancelled(launcher: Launcher) -> None:
+    """Steps take 1.5 s against a 3 s threshold. Step 2 is slow, unannounced (4.5 s): a stall
+    at the first look, but on the second look (on_hang=cancel looks twice) a new step came:
+    reported as suspected, not cancelled. The checkpoint pause at step 3 (5 s) exceeds the
+    threshold but is announced through areal_watchdog.expect_pause: no incident at all."""
     result = launcher.run(
         [
             *FAST,
@@ -96,12 +98,19 @@ def test_healthy_slow_job_and_announced_pause_finish_without_incident(launcher: 
             "demo.hang=none",
             "demo.steps=4",
             "demo.step_time=1.5",
+            "demo.slow_step=2",
+            "demo.slow_time=3",
+            "+watchdog.confirm_after=3",
             "demo.pause_step=3",
             "demo.pause_time=5",
         ]
     )
     assert result.returncode == 0, result.output[-3000:]
-    assert result.reports == []
+    assert "a second look in 3 s before cancelling" in result.output
+    assert "second look: a new step (2): not cancelling" in result.output
+    (report,) = result.reports
+    assert report["action"] == "report" and report["confirmation"]["confirmed"] is False
+    assert report["summary"].startswith("Suspected, not confirmed: on a second look 3 s later")
     assert "pause announced (saving checkpoint)" in result.output
     assert "job completed (last step 4)" in result.output
 

@@ -24,10 +24,13 @@ from areal_watchdog.cli import main
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.config.model import WatchdogSection
 from areal_watchdog.evidence.discovery import Scope, discover
+from areal_watchdog.notify.sinks import parse_sinks
+from areal_watchdog.notify.spool import Spool
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.watch.progress import default_log_patterns
 from conftest import DEMO_CONFIG, FAST, Launcher, read_reports
+from receiver import Receiver
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("setpriv"),
@@ -156,3 +159,124 @@ def test_a_second_launch_into_a_running_directory_is_refused(
     first.communicate(timeout=60)
     assert read_reports(run_dir) == []
     assert sys.executable  # the first launch went on untouched until we stopped it
+
+
+@pytest.fixture
+def slurm_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``scancel``, ``scontrol`` and ``squeue`` that only write down how they were called."""
+    shims, calls = tmp_path / "slurm-bin", tmp_path / "slurm-calls"
+    shims.mkdir()
+    for name in ("scancel", "scontrol", "squeue"):
+        (shims / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {calls}\n')
+        (shims / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shims}:{os.environ['PATH']}")
+    return calls
+
+
+def planted_run(shared_root: Path) -> Path:
+    """A run directory another user made: a job id that is an option, and a spool entry that
+    would have us sign a message of theirs with our secret and send it to their URL."""
+    run = shared_root / "exp" / "planted"
+    theirs = {"type": "webhook", "url_env": "THEIR_URL", "secret_env": "OUR_WEBHOOK_SECRET"}
+    spec = parse_sinks([theirs], "their.yaml")[0]
+    Spool(RunLayout(run).spool_dir).keep("msg_planted", spec, b'{"text": "x"}', "ConnectionError")
+    write_json_atomic(RunLayout(run).slurm_job_file, {"job_id": "--user=root"})
+    subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(shared_root / "exp")], check=True)
+    return run
+
+
+@pytest.mark.parametrize("command", ["cancel", "status", "replay", "diagnose"])
+def test_commands_refuse_a_run_directory_another_user_controls(
+    capsys: pytest.CaptureFixture[str],
+    shared_root: Path,
+    slurm_calls: Path,
+    tmp_path: Path,
+    command: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    receiver = Receiver()
+    monkeypatch.setenv("THEIR_URL", receiver.url())
+    monkeypatch.setenv("OUR_WEBHOOK_SECRET", "whsec_b3VyIHNpZ25pbmcgc2VjcmV0")
+    try:
+        run = planted_run(shared_root)
+        link = tmp_path / "mine"
+        link.symlink_to(run)  # ours, pointing into theirs
+        for target in (run, link):
+            assert main([command, str(target)]) == 2
+            (line,) = capsys.readouterr().err.splitlines()
+            assert "owned by uid 65534" in line, line
+    finally:
+        receiver.close()
+    assert not slurm_calls.exists(), slurm_calls.read_text()  # no scancel --user=root
+    assert receiver.requests == []  # nothing signed and sent for them
+
+
+@pytest.mark.parametrize("job_id", ["--user=root", ["1", "2"], "1 2", True, None, "12;id"])
+def test_a_job_id_that_is_not_slurms_never_reaches_a_command_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, slurm_calls: Path, job_id: object
+) -> None:
+    run = tmp_path / "exp" / "t"
+    RunLayout(run).watch_dir.mkdir(parents=True)
+    write_json_atomic(RunLayout(run).slurm_job_file, {"job_id": job_id})
+    for command in ("cancel", "status"):
+        assert main([command, str(run)]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert "is not a Slurm job id" in line, line
+    assert not slurm_calls.exists()
+
+
+def test_status_shows_damaged_node_records_as_unknown(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, slurm_calls: Path
+) -> None:
+    layout = RunLayout(tmp_path / "exp" / "t")
+    layout.status_dir.mkdir(parents=True)
+    write_json_atomic(layout.slurm_job_file, {"job_id": "42"})
+    write_json_atomic(layout.node_status("n1"), {"node": "n1", "ranks_alive": 5, "time": "x"})
+    write_json_atomic(layout.node_status("n2"), {"node": "n2", "ranks_alive": {"a": 1}})
+    assert main(["status", str(layout.run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "n1: None, last step None, ranks alive ?" in out and "seen ? s ago" in out
+    assert "n2:" in out
+    assert slurm_calls.read_text() == "scontrol show job -o 42\n"
+
+
+@pytest.mark.parametrize("command", ["cancel", "status"])
+def test_without_slurms_commands_cancel_and_status_say_so_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert main([command, "123"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "cannot run it" in line and "Slurm's client commands must be on PATH" in line
+
+
+@pytest.mark.slow
+def test_another_users_step_lines_under_a_shared_fileroot_mask_no_hang(
+    launcher: Launcher, shared_root: Path
+) -> None:
+    """``fileroot: /tmp``-like: another user writes "Train step 1007" lines where AReaL's logs
+    of this trial go while the job hangs at step 4; the hang is still reported."""
+    fake = shared_root / "logs" / "root" / "hang-demo" / "t"
+    as_nobody("mkdir", "-p", str(fake))
+    loop = 'i=1000; while :; do echo "Train step $i/2000 done."; i=$((i+1)); sleep 0.3; done'
+    liar = subprocess.Popen(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+         "sh", "-c", f"{loop} >> {fake / 'trainer.log'}"]
+    )  # fmt: skip
+    try:
+        result = launcher.run(
+            [*FAST, f"cluster.fileroot={shared_root}", "launch.nproc_per_node=3",
+             "demo.hang=collective_mismatch", "demo.hang_step=4"]
+        )  # fmt: skip
+    finally:
+        liar.kill()
+        liar.wait()
+    assert result.returncode == 3, result.output[-3000:]
+    assert f"step lines in {fake / 'trainer.log'} do not count: owned by uid 65534" in (
+        result.output
+    )
+    (report,) = read_reports(shared_root / "hang-demo" / "t")
+    assert report["category"] == "collective_mismatch" and report["culprit_ranks"] == [2]

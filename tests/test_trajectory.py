@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -261,5 +262,63 @@ def test_a_tampered_manifest_names_its_file_and_spares_the_other_steps(
     assert str(manifest) in err and "not a manifest" in err and "Traceback" not in err
     assert main(["replay", str(run), "--step", "3", "--dry-run"]) == 0  # the others still replay
     capsys.readouterr()
-    assert main(["replay", str(run), "--from", "3", "--to", "1000000000000", "--dry-run"]) == 0
+    assert main(["replay", str(run), "--from", "3", "--to", "1000000000000", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "--to 1000000000000: past the newest dumped step 3" in err
+    assert main(["replay", str(run), "--from", "3", "--dry-run"]) == 0
     assert "replaying step(s) 3" in capsys.readouterr().out
+
+
+def tiny_run(tmp_path: Path, env: str = "") -> Path:
+    """A run directory as ``areal-launch`` leaves it, with steps 1-2 dumped."""
+    run = tmp_path / "exp" / "t"
+    (run / "watchdog").mkdir(parents=True)
+    entry = Path(__file__).resolve().parents[1] / "examples" / "rl_demo" / "train.py"
+    (run / "watchdog" / "launch_config.yaml").write_text(
+        f"experiment_name: exp\ntrial_name: t\ncluster: {{fileroot: {tmp_path}}}\n"
+        f"launch: {{entrypoint: {entry}, nproc_per_node: 1{env}}}\nwatchdog: {{enabled: true}}\n"
+    )
+    record(run / "debug_trajectories", range(1, 3), dp_rank=0, dp_size=1)
+    return run
+
+
+def test_a_dump_the_safe_loader_refuses_is_one_line_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tiny_run(tmp_path)
+    dumps = run / "debug_trajectories"
+    recorder = TrajectoryRecorder(dumps, dp_rank=0, dp_size=1)
+    recorder.record(3, [{"x": torch.ones(2), "when": time.struct_time((2026,) + (1,) * 8)}])
+    recorder.close()
+    assert main(["replay", str(run), "--step", "3"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "cannot replay step 3" in line and "--unsafe-load only if you trust" in line
+    assert not (tmp_path / "exp" / "t_replay3").exists()  # nothing was launched
+    assert main(["replay", str(run), "--step", "3", "--unsafe-load", "--dry-run"]) == 0
+
+
+def test_a_copied_run_directory_replays_its_own_dumps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tiny_run(tmp_path)
+    copy = tmp_path / "copied" / "t"
+    shutil.copytree(run, copy)
+    for path in (run / "debug_trajectories").iterdir():
+        path.unlink()  # the original's dumps are gone: only the copy's may be read
+    assert main(["replay", str(copy), "--step", "2", "--dry-run"]) == 0
+    assert f"AREAL_WATCHDOG_REPLAY_DIR={copy / 'debug_trajectories'}" in capsys.readouterr().out
+
+
+def test_a_secret_of_launch_env_is_never_stored_and_comes_back_from_the_environment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tiny_run(tmp_path, ", env: {WANDB_API_KEY: '[REDACTED]', PLAIN: visible}")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    assert main(["replay", str(run), "--dry-run"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "launch.env.WANDB_API_KEY is a secret and was not stored" in line
+    assert "export WANDB_API_KEY" in line
+    monkeypatch.setenv("WANDB_API_KEY", "wandb-secret-4242")
+    assert main(["replay", str(run), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "WANDB_API_KEY=[REDACTED]" in out and "wandb-secret-4242" not in out

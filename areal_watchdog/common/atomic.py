@@ -63,5 +63,5 @@ def read_json(path: Path) -> Any | None:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd, encoding="utf-8") as fh:
             return json.load(fh)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # a file of 100k nested brackets too
         return None

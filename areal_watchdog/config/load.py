@@ -31,18 +31,25 @@ def load_config(
         raw = OmegaConf.to_container(tree, resolve=True)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "?"
-        raise ConfigError(source, str(key), f"cannot resolve the value: {exc.msg}") from None
+        reason = (exc.msg or type(exc).__name__).strip().splitlines()[0]
+        raise ConfigError(source, str(key), f"cannot resolve the value: {reason}") from None
     if not isinstance(raw, dict):
         raise ConfigError(source, "<root>", "the file must hold a mapping of keys")
     return validate(source, raw)
 
 
+MAX_CONFIG_BYTES = 8 * 2**20  # AReaL's largest example configs are a few KB
+MAX_CONFIG_VALUES = 100_000  # values once every alias is expanded
+
+
 def _read_yaml(source: str) -> Any:
     if not os.path.isfile(source):
         raise UserError(f"{source}: no such config file.")
+    if os.path.getsize(source) > MAX_CONFIG_BYTES:
+        raise ConfigError(source, "<file>", f"is over {MAX_CONFIG_BYTES >> 20} MB: not a config")
     try:
         with open(source, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+            data = _safe_load_bounded(fh.read(), source)
     except UnicodeDecodeError:
         raise ConfigError(source, "<file>", "is not UTF-8 text (a binary file?)") from None
     except RecursionError:
@@ -60,6 +67,46 @@ def _read_yaml(source: str) -> Any:
     except (OmegaConfBaseException, ValueError, TypeError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(source, "<yaml>", f"is not a valid config tree: {message}") from None
+
+
+def _safe_load_bounded(text: str, source: str) -> Any:
+    """``yaml.safe_load``, refusing a document whose aliases expand it past
+    ``MAX_CONFIG_VALUES`` values (a "billion laughs" of a few lines would hold the launcher and
+    its memory forever) before anything is built from it."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None and _expanded_values(node) > MAX_CONFIG_VALUES:
+            raise ConfigError(
+                source,
+                "<yaml>",
+                f"expands to over {MAX_CONFIG_VALUES:,} values through its aliases (*name): a "
+                "YAML alias bomb? write the values out instead",
+            )
+        return loader.construct_document(node) if node is not None else None
+    finally:
+        loader.dispose()
+
+
+def _expanded_values(root: yaml.Node) -> int:
+    """How many values the document holds once every alias is expanded, counted without
+    expanding (each node once); a node that contains itself counts as too many."""
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        sizes[id(node)] = MAX_CONFIG_VALUES + 1  # until known: a cycle is too big
+        if isinstance(node, yaml.MappingNode):
+            total = 1 + sum(size(k) + size(v) for k, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            total = 1 + sum(size(v) for v in node.value)
+        else:
+            total = 1
+        sizes[id(node)] = total = min(total, MAX_CONFIG_VALUES + 1)
+        return total
+
+    return size(root)
 
 
 _PLAIN = (str, int, float, bool, list, dict, type(None))

@@ -83,6 +83,7 @@ class WatchdogSection:
     gpu_idle_utilization: float = 10.0
     gpu_spin_power_fraction: float = 0.3
     gpu_idle_timeout: float = 120.0
+    confirm_after: float | None = None  # the second look before on_hang=cancel (None: auto)
     node_timeout: float = 10.0
     evidence_timeout: float = 10.0
     debug_env: dict[str, str] = field(default_factory=dict)

@@ -38,7 +38,7 @@ WATCHDOG_KEYS = {
     "enabled", "stall_timeout", "startup_timeout", "poll_interval", "step_regex", "log_files",
     "on_hang", "auto_factor", "auto_min_timeout", "dump_timeout", "stack_method", "crash_grace",
     "flight_recorder", "gpu", "node_timeout", "evidence_timeout", "debug_env", "notify",
-    "spool_retry_interval", "trajectory",
+    "spool_retry_interval", "trajectory", "confirm_after",
 }  # fmt: skip
 GPU_KEYS = {"backend", "recording", "idle_utilization", "spin_power_fraction", "idle_timeout"}
 TRAJECTORY_KEYS = {"enabled", "max_keep", "pin_steps", "dump_steps"}
@@ -166,6 +166,7 @@ def _watchdog(check: Checker, wd: dict[str, Any]) -> WatchdogSection:
     return WatchdogSection(
         enabled=check.boolean(wd, "watchdog.enabled", default(WatchdogSection, "enabled")),
         stall_timeout=_stall_timeout(check, wd),
+        confirm_after=_confirm_after(check, wd),
         step_regex=_step_regex(check, wd),
         log_files=check.string_list(wd, "watchdog.log_files"),
         on_hang=check.choice(
@@ -196,6 +197,14 @@ def _stall_timeout(check: Checker, wd: dict[str, Any]) -> float | None:
         return None
     fallback = default(WatchdogSection, "stall_timeout")
     return check.number(wd, "watchdog.stall_timeout", fallback, minimum=1e-9, auto=True)
+
+
+def _confirm_after(check: Checker, wd: dict[str, Any]) -> float | None:
+    """Seconds to the second look before ``on_hang: cancel`` (0: none); absent or 'auto':
+    half the stall threshold, between 2 and 10 s."""
+    if wd.get("confirm_after", "auto") == "auto":
+        return None
+    return check.number(wd, "watchdog.confirm_after", 0.0, minimum=0.0, auto=True)
 
 
 def _step_regex(check: Checker, wd: dict[str, Any]) -> str:

@@ -49,8 +49,9 @@ def _finding(record: CollectiveEvidence) -> RecordFinding:
             f"The collective record shows that {decisive.description}: "
             f"{ranks_phrase(decisive.culprit_ranks)} diverged.",
         )
-    if mismatches:
-        first = mismatches[0]
+    named = [g for g in mismatches if g.culprit_ranks]
+    if named:
+        first = named[0]
         return RecordFinding(
             "collective_mismatch",
             0.4 if first.tie else 0.5,
@@ -58,8 +59,15 @@ def _finding(record: CollectiveEvidence) -> RecordFinding:
             f"The collective record shows that {first.description}.",
         )
     missing = [g for g in record.groups if g.kind == "missing"]
-    if missing:
+    if missing:  # ranks behind outrank a mismatch that names nobody
         return _missing(missing)
+    if mismatches:
+        return RecordFinding(
+            "collective_mismatch",
+            0.4,
+            [],
+            f"The collective record shows that {mismatches[0].description}.",
+        )
     stuck = [g for g in record.groups if g.kind == "agree"]
     if stuck:
         return RecordFinding(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from areal_watchdog.common.rankset import culprits_phrase, format_ranks
-from areal_watchdog.diagnose.classify import Verdict
+from areal_watchdog.diagnose.verdict import Verdict
 
 
 def verdict_dict(verdict: Verdict, source: dict[str, Any]) -> dict[str, Any]:

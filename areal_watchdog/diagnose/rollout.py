@@ -26,13 +26,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal_watchdog.common.rankset import ranks_phrase
+from areal_watchdog.diagnose.frames import display_path, is_library_path
+from areal_watchdog.diagnose.phrases import cap, is_are, them
+from areal_watchdog.diagnose.verdict import culprit_entry
 from areal_watchdog.evidence.model import (
     BLOCKED,
     RUNNING,
     Evidence,
     Frame,
     RankEvidence,
-    short_path,
 )
 
 ROLLOUT_WAITS = frozenset(
@@ -56,7 +58,6 @@ GENERATION_CALLS = frozenset({"agenerate", "arequest_with_retry", "generate", "_
 _CAPACITY = re.compile(r"capacity|staleness", re.I)
 _REJECTED = re.compile(r"rejected|episode failed|workflow.*(failed|error)", re.I)
 REJECTIONS_FOR_FAILING = 3  # rejection lines in one rank's log tail that mean "every episode"
-_LIBRARY = ("site-packages/", "dist-packages/", "/lib/python3")
 
 
 @dataclass
@@ -103,14 +104,14 @@ def _weight_sync(evidence: Evidence, syncing: list[tuple[RankEvidence, Frame]]) 
         else "the inference side is not transferring"
     )
     verb = "waits" if len(others) == 1 else "wait"
-    rest = f"; {ranks_phrase(others)} {verb} for {_them(who)}" if others else ""
+    rest = f"; {ranks_phrase(others)} {verb} for {them(who)}" if others else ""
     return RolloutFinding(
         "weight_sync_stuck",
         None,
         0.85 if idle else 0.7,
         sorted(p.rank for p in who if p.rank is not None),
-        f"{_cap(_names(who))} {_is(who)} blocked sending weights in {_bare(frame)}() at "
-        f"{frame.short_filename}:{frame.line}, and {side}{rest}.",
+        f"{cap(_names(who))} {is_are(who)} blocked sending weights in {_bare(frame)}() at "
+        f"{display_path(frame.filename, who[0].cwd)}:{frame.line}, and {side}{rest}.",
         [_server(s) for s in idle],
     )
 
@@ -126,8 +127,8 @@ def _rollout_stalled(
         cause.name,
         cause.confidence,
         [],
-        f"{_cap(_names(who))} {_is(who)} waiting for rollouts in {_bare(frame)}() at "
-        f"{frame.short_filename}:{frame.line}: {cause.why}.",
+        f"{cap(_names(who))} {is_are(who)} waiting for rollouts in {_bare(frame)}() at "
+        f"{display_path(frame.filename, who[0].cwd)}:{frame.line}: {cause.why}.",
         cause.culprits,
     )
 
@@ -178,13 +179,13 @@ def _workflow_stuck(evidence: Evidence) -> _Cause | None:
     holders = [(p, t) for p, t in holders if _link(t["chain"][-1]) not in EPISODE_CALLS]
     if not holders:  # only AReaL's wrappers, awaiting episodes that are gone
         return None
-    stuck_at = _await_site(holders[0][1])
+    stuck_at = _await_site(holders[0][1], holders[0][0].cwd)
     oldest = max(float(t.get("pending_s") or 0.0) for _, t in holders)
     owners = list({p.pid: p for p, _ in holders}.values())
     return _Cause(
         "workflow_stuck",
         0.85,
-        [_worker(p) for p in owners],
+        [culprit_entry(p) for p in owners],
         f"{len(holders)} episode(s) in {_names(owners)} wait inside the workflow at {stuck_at} "
         f"(up to {oldest:.0f} s), not on an inference server: a tool, a sandbox or a lock that "
         "never returns",
@@ -228,17 +229,17 @@ def _is_generating(task: dict[str, Any]) -> bool:
     return any(_link(link) in GENERATION_CALLS for link in task.get("chain", []))
 
 
-def _await_site(task: dict[str, Any]) -> str:
+def _await_site(task: dict[str, Any], cwd: str | None) -> str:
     """The innermost link of the chain in the user's code (outside libraries), and the library
     call it awaits: ``run_tool() at tool_workflow.py:37 (awaiting Process.communicate)``."""
     chain = task.get("chain", [])
-    user = [i for i, link in enumerate(chain) if not any(m in link["filename"] for m in _LIBRARY)]
+    user = [i for i, link in enumerate(chain) if not is_library_path(link["filename"])]
     if not user:
         return chain[-1]["name"] if chain else "an unknown await"
     link = chain[user[-1]]
     inner = chain[user[-1] + 1 :]
     awaiting = f" (awaiting {inner[0]['name']})" if inner else ""
-    return f"{_link(link)}() at {short_path(link['filename'])}:{link['line']}{awaiting}"
+    return f"{_link(link)}() at {display_path(link['filename'], cwd)}:{link['line']}{awaiting}"
 
 
 def _link(link: dict[str, Any]) -> str:
@@ -274,19 +275,6 @@ def _server(server: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _worker(process: RankEvidence) -> dict[str, Any]:
-    """A culprit that is not a rank (or not only one): role, index, node, pid."""
-    found = {
-        "role": process.role or "rank",
-        "index": process.worker_index,
-        "node": process.node,
-        "pid": process.pid,
-        "rank": process.rank,
-        "address": process.address,
-    }
-    return {k: v for k, v in found.items() if v is not None}
-
-
 def _names(processes: list[RankEvidence]) -> str:
     """``rank 0``, ``ranks 0-3``, ``the controller (pid 12)``, ``rollout 0 (pid 14, node n1)``."""
     ranked = [p.rank for p in processes if p.rank is not None and p.role in (None, "rank")]
@@ -305,15 +293,3 @@ def _addresses(servers: list[dict[str, Any]]) -> str:
 
 def _bare(frame: Frame) -> str:
     return frame.name.rsplit(".", 1)[-1]
-
-
-def _cap(text: str) -> str:
-    return text[:1].upper() + text[1:]
-
-
-def _is(items: list[Any]) -> str:
-    return "is" if len(items) == 1 else "are"
-
-
-def _them(items: list[Any]) -> str:
-    return "it" if len(items) == 1 else "them"

@@ -76,7 +76,9 @@ def _listener_trace(layout: RunLayout, rank: int, request: str) -> dict[str, Any
     record = read_json(layout.fr_dump(rank))
     if not isinstance(record, dict) or record.get("request") != request:
         return None
-    return record.get("trace") if isinstance(record.get("trace"), dict) else {"entries": []}
+    if isinstance(record.get("trace"), dict):
+        return record["trace"]
+    return {"error": str(record.get("error") or "no trace")}  # answered: no need to wait
 
 
 def _nccl_trace(layout: RunLayout, rank: int) -> dict[str, Any] | None:
@@ -98,7 +100,10 @@ def parse_trace(data: bytes) -> dict[str, Any] | None:
             trace = _PlainUnpickler(io.BytesIO(data)).load()
         else:
             trace = json.loads(data.decode("utf-8"))
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError):
+    except (
+        pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
+        RecursionError,
+    ):  # fmt: skip
         return None
     if isinstance(trace, dict) and isinstance(trace.get("trace"), dict):
         trace = trace["trace"]
@@ -122,7 +127,11 @@ class _PlainUnpickler(pickle.Unpickler):
 
 
 def strip(trace: dict[str, Any]) -> dict[str, Any]:
-    """What the analysis needs (no stack frames): a few hundred bytes per collective."""
+    """What the analysis needs (no stack frames): a few hundred bytes per collective. A rank
+    that answered without a trace keeps only its ``error``; a trace with no entries is a
+    rank that issued no collective yet (one held by the GIL, or behind), not a missing dump."""
+    if "entries" not in trace and "pg_status" not in trace:
+        return {"error": str(trace.get("error") or "not a trace")}
     entries = [e for e in trace.get("entries") or [] if isinstance(e, dict)]
     return {
         "version": trace.get("version"),

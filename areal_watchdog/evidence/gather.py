@@ -113,7 +113,9 @@ def _stack_for(
     evidence.cpu_utilization = cpu
     errors = []
     with contextlib.suppress(psutil.Error):
-        evidence.process_status = psutil.Process(proc.pid).status()
+        process = psutil.Process(proc.pid)
+        evidence.process_status = process.status()
+        evidence.cwd = process.cwd()  # the user's files are shown relative to it
     if settings.method in ("auto", "py-spy"):
         try:
             evidence.threads = dump_pyspy(proc.pid, settings.timeout)

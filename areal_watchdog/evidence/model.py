@@ -78,6 +78,8 @@ class RankEvidence:
     role: str | None = None  # AReaL's role (controller, actor, rollout, inference_server...)
     worker_index: int | None = None  # AReaL worker index within its role
     address: str | None = None  # inference servers: host:port
+    cwd: str | None = None  # its working directory: user files are shown relative to it
+    parent_pid: int | None = None  # a helper process: the job's process that started it
 
     def label(self) -> str:
         """``rank 3`` (``rank 3 (actor 3)``), ``rollout 0``, ``controller``."""

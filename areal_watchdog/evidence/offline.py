@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import stat
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from typing import Any
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.evidence.flight_recorder import parse_trace, strip
 from areal_watchdog.evidence.model import Evidence
+from areal_watchdog.rundir.secure import check_ancestors
 
 _RANK_SUFFIX = re.compile(r"(\d+)(?:\.json|\.pkl|\.pickle)?$")
 MAX_DUMP_BYTES = 512 * 2**20  # a full 2000-entry dump with stacks is a few MB
@@ -38,8 +40,14 @@ class OfflineInput:
     skipped: list[str] = field(default_factory=list)  # files that were not dumps
 
 
+TRUSTED_FIX = "copy the files into a directory of yours and diagnose the copy"
+
+
 def load(path: Path) -> OfflineInput:
-    """Read PATH; raises UserError (one line) when it holds neither kind of evidence."""
+    """Read PATH; raises UserError (one line) when it holds neither kind of evidence. What
+    another user could have written is not read: PATH and the directories above it follow the
+    run directory's rules (``rundir.secure``), and a dump file someone else owns is skipped."""
+    check_ancestors(path if path.is_dir() else path.parent, TRUSTED_FIX)
     if path.is_file() and path.name == "evidence.json":
         return _incident(path)
     if not path.is_dir():
@@ -52,10 +60,12 @@ def load(path: Path) -> OfflineInput:
 
 
 def _incident(path: Path) -> OfflineInput:
+    if not _trusted(path):
+        raise UserError(f"{path}: owned by another user or not a plain file; {TRUSTED_FIX}")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         evidence = Evidence.from_dict(data)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise UserError(f"{path}: not a readable evidence file ({type(exc).__name__})") from None
     return OfflineInput(evidence, "incident", {})
 
@@ -95,7 +105,7 @@ def _read_dump(file: Path) -> tuple[int, float, dict[str, Any]] | None:
     """(rank, mtime, trace) for a regular file that holds one rank's dump."""
     try:
         info = file.lstat()
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_DUMP_BYTES:
+        if not _trusted(file) or info.st_size > MAX_DUMP_BYTES:
             return None
         data = file.read_bytes()
     except OSError:
@@ -105,6 +115,15 @@ def _read_dump(file: Path) -> tuple[int, float, dict[str, Any]] | None:
         return None
     rank = _rank_of(file.name, data)
     return None if rank is None else (rank, info.st_mtime, trace)
+
+
+def _trusted(file: Path) -> bool:
+    """A regular file (no symlink) owned by us or root."""
+    try:
+        info = file.lstat()
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_uid in (0, os.geteuid())
 
 
 def _rank_of(name: str, data: bytes) -> int | None:

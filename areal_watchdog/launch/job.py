@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from areal_watchdog.common.atomic import write_text_atomic
+from areal_watchdog.common.redact import REDACTED, SECRET_NAME, Redactor
 from areal_watchdog.config.debug_env import render_debug_env
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.entrypoint import resolve_entrypoint
@@ -78,12 +79,26 @@ def launch_files(
     layout = info.layout
     dumping = watchdog and config.watchdog.trajectory_dump
     raw = dict(config.raw)
-    raw["launch"] = {**raw.get("launch", {}), "entrypoint": resolve_entrypoint(config)}
+    raw["launch"] = {
+        **raw.get("launch", {}),
+        "entrypoint": resolve_entrypoint(config),
+        "env": stored_env(config.launch.env),
+    }
     job_tree = tree if tree is not None else config.job_tree(dumping)
     return {
         str(layout.launch_file): json.dumps(info.to_dict(), indent=1, sort_keys=True),
         str(layout.job_config): yaml.safe_dump(job_tree, sort_keys=False),
         str(layout.launch_config): yaml.safe_dump(raw, sort_keys=False),
+    }
+
+
+def stored_env(env: dict[str, str]) -> dict[str, str]:
+    """``launch.env`` as the run directory keeps it: a secret-looking name's value (or a value
+    that looks like a token) is never written; a replay takes it from its own environment."""
+    clean = Redactor()
+    return {
+        name: REDACTED if SECRET_NAME.search(name) or clean.scrub(value) != value else value
+        for name, value in env.items()
     }
 
 

@@ -38,7 +38,7 @@ from areal_watchdog.launch.plan import Gate, LaunchPlan, ProcessSpec
 from areal_watchdog.launch.processes import Interrupts, OutputPump, start, stop_job
 from areal_watchdog.launch.torchrun import standalone, torchrun_command
 from areal_watchdog.rundir.launch_info import LaunchInfo
-from areal_watchdog.rundir.layout import ENV_NODE, RunLayout
+from areal_watchdog.rundir.layout import ENV_CANCEL_FD, ENV_NODE, RunLayout
 
 SIDECAR_FINISH_GRACE = 60.0  # seconds the sidecar gets to write a final report
 SIDECAR_RESTARTS = 3  # a sidecar that keeps dying is given up on, loudly
@@ -102,6 +102,9 @@ class _LocalRun:
         self.node = plan.main().env.get(ENV_NODE, socket.gethostname())
         self.sidecar: _Sidecar | None = None
         self.cancelled = False
+        self.cancel_incident: str | None = None  # as the sidecar said it through the pipe
+        self.cancel_pipe = os.pipe()  # the sidecar's cancel needs no disk (ENV_CANCEL_FD)
+        os.set_blocking(self.cancel_pipe[0], False)
 
     def say(self, message: str) -> None:
         print(f"[areal-launch] {message}", file=self.out, flush=True)
@@ -110,7 +113,7 @@ class _LocalRun:
         held = prepare_run_dir(self.plan, lock=True)  # released when this process ends
         services = [_Piped(spec, self.out) for spec in self.plan.of_kind("service")]
         for spec in self.plan.of_kind("watchdog"):
-            self.sidecar = _Sidecar(spec, self.out, self.say)
+            self.sidecar = _Sidecar(spec, self.out, self.say, self.cancel_pipe[1])
         self.say(f"run {self.plan.run_id}: {self.plan.run_dir}")
         interrupts = Interrupts()
         interrupts.on_second = lambda: kill_run_processes(self.plan.run_id)
@@ -132,6 +135,8 @@ class _LocalRun:
                 self.sidecar.finish(interrupted=interrupts.count > 0 or not recorded)
             if held is not None:
                 os.close(held)
+            for fd in self.cancel_pipe:
+                os.close(fd)
         return self.exit_code(returncode, interrupts.count > 0)
 
     def supervise(self, job: _Piped, interrupts: Interrupts) -> None:
@@ -139,11 +144,12 @@ class _LocalRun:
         while job.proc.poll() is None:
             if interrupts.count:
                 self.say("interrupted: stopping the job (again to kill it at once)")
+                job.pump.mute()  # torchrun's traceback about our SIGTERM is noise here
                 record = {"run_id": self.plan.run_id, "time": time.time()}
                 with contextlib.suppress(OSError):
                     write_json_atomic(self.layout.interrupted_file, record)
                 return
-            if not self.cancelled and isinstance(read_json(self.layout.cancel_file), dict):
+            if not self.cancelled and self.cancel_requested():
                 self.cancelled = True
                 job.pump.mute()
                 self.say("the watchdog reported a hang (on_hang=cancel): terminating the job")
@@ -151,6 +157,20 @@ class _LocalRun:
             if self.sidecar is not None:
                 self.sidecar.keep_alive()
             time.sleep(0.2)
+
+    def cancel_requested(self) -> bool:
+        """The sidecar asked to end the job: through the pipe, or (a sidecar restarted from
+        another launcher's plan) through the cancel record."""
+        try:
+            said = os.read(self.cancel_pipe[0], 4096).decode(errors="replace")
+        except BlockingIOError:
+            said = ""
+        for line in said.splitlines():
+            if line.startswith("cancel "):
+                self.cancel_incident = line.split(" ", 1)[1].strip()
+        return self.cancel_incident is not None or isinstance(
+            read_json(self.layout.cancel_file), dict
+        )
 
     def record_exit(self, returncode: int | None) -> bool:
         """Tell the sidecar how the job ended; False when the run directory refuses."""
@@ -172,9 +192,10 @@ class _LocalRun:
         return ExitCode.OK if returncode == 0 else ExitCode.JOB_FAILED
 
     def say_verdict(self) -> None:
-        """The last words on the terminal after a cancel: the verdict and where the report is."""
+        """The last words on the terminal after a cancel: the verdict and where the report is
+        (a full disk may have kept both off the disk: the sidecar said the verdict already)."""
         cancel = read_json(self.layout.cancel_file) or {}
-        incident = self.layout.incidents_dir / str(cancel.get("incident_id"))
+        incident = self.layout.incidents_dir / str(cancel.get("incident_id", self.cancel_incident))
         report = read_json(incident / "report.json")
         if isinstance(report, dict):
             self.say(
@@ -229,13 +250,17 @@ def _gate_values(
 class _Sidecar:
     """The watchdog process: restarted (a bounded number of times) if it dies mid-job."""
 
-    def __init__(self, spec: ProcessSpec, out: TextIO, say: Callable[[str], None]) -> None:
-        self.spec, self.out, self.say = spec, out, say
+    def __init__(
+        self, spec: ProcessSpec, out: TextIO, say: Callable[[str], None], cancel_fd: int
+    ) -> None:
+        self.spec = replace(spec, env={**spec.env, ENV_CANCEL_FD: str(cancel_fd)})
+        self.out, self.say, self.cancel_fd = out, say, cancel_fd
         self.restarts = 0
         self.proc: subprocess.Popen | None = self._start()
 
     def _start(self) -> subprocess.Popen:
-        return start(self.spec, stdout=self.out if _has_fileno(self.out) else None)
+        stdout = self.out if _has_fileno(self.out) else None
+        return start(self.spec, stdout=stdout, pass_fds=(self.cancel_fd,))
 
     def keep_alive(self) -> None:
         if self.proc is None or self.proc.poll() is None:

@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from areal_watchdog.config.model import OnHang
-from areal_watchdog.diagnose.classify import Activity, Verdict, work_thread
+from areal_watchdog.diagnose.activity import work_thread
+from areal_watchdog.diagnose.verdict import Activity, Verdict
 from areal_watchdog.evidence.model import EXITED, Evidence, RankEvidence
 from areal_watchdog.watch.triggers import Trigger
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SERVER_FIELDS = ("address", "state", "health_s", "running", "queued", "gen_throughput", "paused")
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 

@@ -16,6 +16,9 @@ ENV_WATCH_DIR = "AREAL_WATCHDOG_DIR"
 ENV_NODE = "AREAL_WATCHDOG_NODE"
 ENV_JOB_CONFIG = "AREAL_WATCHDOG_JOB_CONFIG"  # the controller is the process that holds it
 ENV_RANK_ROLE = "AREAL_WATCHDOG_RANK_ROLE"  # the AReaL role whose workers are the ranks (actor)
+# The write end of a pipe from the local sidecar to its launcher: "cancel <incident id>" ends
+# the job even when the disk is full and the cancel record cannot be written.
+ENV_CANCEL_FD = "AREAL_WATCHDOG_CANCEL_FD"
 
 
 def node_of(env: dict[str, str] | os._Environ[str], default: str) -> str:
@@ -121,6 +124,11 @@ class RunLayout:
     def finished_file(self) -> Path:
         """Written by the leading sidecar once the job ended and its last report is out."""
         return self.watch_dir / "finished.json"
+
+    @property
+    def slurm_job_file(self) -> Path:
+        """The Slurm job that runs this run directory (``slurm`` backend), for status/cancel."""
+        return self.watch_dir / "slurm_job.json"
 
     @property
     def spool_dir(self) -> Path:

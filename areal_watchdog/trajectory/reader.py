@@ -68,6 +68,16 @@ def load_step_file(
     return data
 
 
+def loadable_problem(path: Path, unsafe: bool) -> str | None:
+    """Why the ranks would fail to load this dump (the safe loader refuses what it holds, it
+    is no batch), checked by the launcher before any process starts; None when it loads."""
+    try:
+        load_step_file(path, checksum=False, unsafe=unsafe)
+    except DumpError as exc:
+        return str(exc)
+    return None
+
+
 def load_global_batch(
     directory: Path,
     step: int,

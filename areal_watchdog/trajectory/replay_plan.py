@@ -9,6 +9,7 @@ the original job.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -16,10 +17,12 @@ from pathlib import Path
 from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.rankset import format_ranks
+from areal_watchdog.common.redact import REDACTED
 from areal_watchdog.config.load import load_config
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.entrypoint import launch_mode
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.rundir.secure import check_run_dir
 from areal_watchdog.trajectory.areal_replay import areal_replay
 from areal_watchdog.trajectory.format import (
     ENV_CONFIG_HASH,
@@ -72,7 +75,11 @@ def choose_steps(
         last = request.last if request.last is not None else max(available, default=0)
         if last < first:
             raise UserError(f"--from {first} --to {last}: the range is empty")
-        last = min(last, max(available, default=first))  # --to 10**12 means "to the end"
+        if available and last > max(available):
+            raise UserError(
+                f"--to {last}: past the newest dumped step {max(available)} (dumped steps: "
+                f"{listing}); leave --to out to replay to the end"
+            )
         wanted = list(range(first, last + 1))
     else:
         candidates = [
@@ -117,14 +124,16 @@ class ReplayConfig:
 
 def plan_replay_config(request: ReplayRequest) -> ReplayConfig:
     """The replay run's config, steps and weights."""
-    layout = RunLayout(request.run_dir.resolve())
+    if not request.run_dir.is_dir():
+        raise UserError(f"{request.run_dir}: no such run directory")
+    layout = RunLayout(check_run_dir(request.run_dir))
     if not layout.launch_config.is_file():
         raise UserError(
             f"{request.run_dir}: not a run directory made by areal-launch "
             f"(no {layout.launch_config.relative_to(layout.run_dir)})"
         )
     original = load_config(layout.launch_config)
-    dump_dir = original.trajectory_dir
+    dump_dir = _dump_dir(original, layout.run_dir)
     available = complete_steps(dump_dir)
     if not available:
         raise UserError(
@@ -133,10 +142,12 @@ def plan_replay_config(request: ReplayRequest) -> ReplayConfig:
             "script to record its batches (areal_watchdog.trajectory)"
         )
     steps = choose_steps(request, available, incident_time(layout), dump_dir)
+    from areal_watchdog.trajectory.reader import loadable_problem  # torch: only for a replay
+
     manifests = []
     for step in steps:
         for path in available[step]:
-            problem = check_file(path)
+            problem = check_file(path) or loadable_problem(path, request.unsafe_load)
             if problem:
                 raise UserError(f"cannot replay step {step}: {problem}")
             manifests.append(read_manifest(path) or {})
@@ -158,6 +169,7 @@ def plan_replay_config(request: ReplayRequest) -> ReplayConfig:
         "++watchdog.trajectory.enabled=false",
     ]
     overrides += [f"++launch.env.{name}={value}" for name, value in env.items()]
+    overrides += unstored_secrets(original, layout.launch_config)
     weights, resharding = None, []
     if launch_mode(original) != "torchrun":
         areal = areal_replay(original, trial, steps, request.nproc)
@@ -185,6 +197,33 @@ def plan_replay_config(request: ReplayRequest) -> ReplayConfig:
             layout.launch_config, [*overrides, *request.overrides, *resharding, unchecked]
         )
     return ReplayConfig(config, steps, weights)
+
+
+def _dump_dir(original: JobConfig, run_dir: Path) -> Path:
+    """Where the run's dumps are: below RUN_DIR as given when they were below the run's own
+    directory (a copied or moved run directory replays its own dumps, never the original's),
+    else the path the config names."""
+    recorded = original.trajectory_dir
+    try:
+        return run_dir / recorded.relative_to(original.run_dir)
+    except ValueError:
+        return recorded
+
+
+def unstored_secrets(original: JobConfig, source: Path) -> list[str]:
+    """Overrides that put back the ``launch.env`` secrets the run directory never stores
+    (``launch_files``): each from this environment, or a one-line error naming it."""
+    overrides = []
+    for name, value in original.launch.env.items():
+        if value != REDACTED:
+            continue
+        if name not in os.environ:
+            raise UserError(
+                f"{source}: launch.env.{name} is a secret and was not stored; export {name} "
+                "and run the replay again"
+            )
+        overrides.append(f"++launch.env.{name}={os.environ[name]}")
+    return overrides
 
 
 def _new_trial(config: JobConfig, steps: list[int]) -> str:

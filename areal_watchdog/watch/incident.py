@@ -9,6 +9,7 @@ same event twice.
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import subprocess
 import time
@@ -23,16 +24,19 @@ from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.common.rankset import culprits_phrase
 from areal_watchdog.common.redact import SECRET_NAME, Redactor
 from areal_watchdog.diagnose.classify import classify, ended_cleanly
+from areal_watchdog.diagnose.verdict import Verdict
 from areal_watchdog.evidence.gather import GatherSettings
 from areal_watchdog.evidence.model import MISSING, Evidence, RankEvidence, plain
 from areal_watchdog.notify.notifier import Notifier
 from areal_watchdog.report.build import IncidentContext, build_report, new_incident_id
 from areal_watchdog.report.write import write_incident
 from areal_watchdog.rundir.launch_info import LaunchInfo
+from areal_watchdog.rundir.layout import ENV_CANCEL_FD
 from areal_watchdog.trajectory.format import complete_steps
 from areal_watchdog.watch.coordination import Coordinator
 from areal_watchdog.watch.node import NodeWatch
 from areal_watchdog.watch.progress import StallClock
+from areal_watchdog.watch.second_look import marks, moved
 from areal_watchdog.watch.triggers import Trigger
 
 FLIGHT_RECORDER_TIMEOUT = 2.0  # seconds to wait for the ranks' Flight Recorder dumps
@@ -58,6 +62,14 @@ class LocalEvidence:
             "flight_records": self.traces,
             "servers": self.servers,
         }
+
+
+def tell_launcher(message: str) -> None:
+    """One line to the local launcher through the pipe it gave us (``ENV_CANCEL_FD``), if any."""
+    fd = os.environ.get(ENV_CANCEL_FD, "")
+    if fd.isdigit():
+        with contextlib.suppress(OSError):
+            os.write(int(fd), f"{message}\n".encode())
 
 
 def job_secrets(pids: list[int]) -> list[str]:
@@ -99,13 +111,34 @@ def _with_owners(servers: list[dict[str, Any]], workers: list[RankEvidence]) -> 
 
 
 @dataclass
+class _Look:
+    """One look at the job: the evidence, the verdict, what it cost, the step it was at."""
+
+    evidence: Evidence
+    verdict: Verdict
+    timings: dict[str, float]
+    step: int | None
+
+
+@dataclass
+class _SecondLook:
+    """A silence that would end the job, waiting for its second look at ``due``."""
+
+    trigger: Trigger
+    opened_at: float
+    due: float
+    delay: float
+    lost: tuple[str, ...]
+    first: _Look
+
+
+@dataclass
 class _Unwritten:
-    """An incident waiting for disk space: its report, evidence, and whether to cancel."""
+    """An incident waiting for disk space: its report and evidence."""
 
     report: dict[str, Any]
     evidence: Evidence
     redactor: Redactor
-    cancel: bool
 
 
 @dataclass
@@ -124,22 +157,67 @@ class Incidents:
     answered: set[str] = field(default_factory=set)
     written: list[Path] = field(default_factory=list)
     pending: list[_Unwritten] = field(default_factory=list)  # incidents the disk refused
+    second_look: _SecondLook | None = None  # a silence that would end the job, looked at again
     cancelling: bool = False
 
     def open(
         self, trigger: Trigger, now: float, statuses: dict, lost: tuple[str, ...] = ()
     ) -> None:
-        """Gather, classify, write, notify and act on one event (once across all leaders)."""
+        """Gather, classify, write, notify and act on one event (once across all leaders). A
+        silence that would end the job (``on_hang: cancel``) is looked at twice first
+        (``confirm``)."""
+        if self.second_look is not None:
+            return  # the event under a second look is this one
         silence = trigger in (Trigger.STALL, Trigger.GPU_IDLE)  # one report per silence
         key = f"stall-step{self.clock.last_step}" if silence else trigger.value
         if not self.coordinator.claim(key):
             return  # another leader already reports this event
+        look = self.look(trigger, lost, statuses)
+        if silence and ended_cleanly(look.evidence):
+            self.say("no new step, but every rank ended cleanly: the job is finishing, not hung")
+            return
+        action = self.info.watchdog.on_hang if trigger in HANG_TRIGGERS else "report"
+        delay = self.confirm_delay()
+        if action == "cancel" and silence and delay > 0:
+            self.second_look = _SecondLook(trigger, now, time.time() + delay, delay, lost, look)
+            culprits = culprits_phrase(look.verdict.culprit_ranks, look.verdict.culprit_workers)
+            self.say(
+                f"{look.verdict.category} suspected ({culprits}); a second look in {delay:g} s "
+                "before cancelling"
+            )
+            return
+        self.report(trigger, now, look, action)
+
+    def confirm_delay(self) -> float:
+        """Seconds between the two looks: ``watchdog.confirm_after``, or by default half the
+        stall threshold, between 2 and 10 s."""
+        configured = self.info.watchdog.confirm_after
+        if configured is not None:
+            return configured
+        return min(10.0, max(2.0, self.clock.threshold / 2))
+
+    def confirm(self, statuses: dict) -> None:
+        """The second look, once due: cancel when nothing moved, else report the first look's
+        verdict as suspected and leave the job running."""
+        pending = self.second_look
+        if pending is None or time.time() < pending.due:
+            return
+        self.second_look = None
+        second = self.look(pending.trigger, pending.lost, statuses)
+        before = marks(pending.first.evidence, pending.first.step)
+        what = moved(before, marks(second.evidence, self.clock.last_step))
+        confirmation = {"after_s": pending.delay, "moved": what, "confirmed": not what}
+        if what:
+            self.say(f"second look: {'; '.join(what)}: not cancelling")
+            self.report(pending.trigger, pending.opened_at, pending.first, "report", confirmation)
+        else:
+            self.report(pending.trigger, pending.opened_at, second, "cancel", confirmation)
+
+    def look(self, trigger: Trigger, lost: tuple[str, ...], statuses: dict) -> _Look:
+        """Evidence from every node, and the verdict on it."""
         started = time.perf_counter()
         evidence, fr_seconds = self.gather(trigger, list(lost), statuses)
         evidence.job_failed = trigger is Trigger.JOB_FAILED
-        if silence and ended_cleanly(evidence):
-            self.say("no new step, but every rank ended cleanly: the job is finishing, not hung")
-            return
         gathered = time.perf_counter()
         verdict = classify(evidence)
         timings = {
@@ -147,17 +225,38 @@ class Incidents:
             "flight_recorder_s": round(fr_seconds, 4),
             "classify_s": round(time.perf_counter() - gathered, 4),
         }
-        action = self.info.watchdog.on_hang if trigger in HANG_TRIGGERS else "report"
-        ctx = self.context(trigger, now, action, timings)
-        report = build_report(new_incident_id(verdict.category, now), verdict, evidence, ctx)
+        return _Look(evidence, verdict, timings, self.clock.last_step)
+
+    def report(
+        self,
+        trigger: Trigger,
+        now: float,
+        look: _Look,
+        action: str,
+        confirmation: dict[str, Any] | None = None,
+    ) -> None:
+        """Notify, write and act on one look's verdict."""
+        verdict = look.verdict
+        ctx = self.context(trigger, now, action, look.timings)
+        report = build_report(new_incident_id(verdict.category, now), verdict, look.evidence, ctx)
+        if confirmation is not None:
+            report["confirmation"] = confirmation
+            if confirmation["moved"]:
+                report["summary"] = (
+                    f"Suspected, not confirmed: on a second look {confirmation['after_s']:g} s "
+                    f"later {'; '.join(confirmation['moved'])}, so the job was not cancelled. "
+                    + report["summary"]
+                )
         redactor = self.notifier.redactor.with_values(job_secrets(self.watch.pids()))
         report = redactor.scrub_tree(report)  # once, for the files and the messages alike
         self.notifier.submit(report)  # first: a message needs no disk
         culprits = culprits_phrase(verdict.culprit_ranks, verdict.culprit_workers)
         verdict_line = f"{verdict.category}, {culprits}: {report['summary']}"
-        self.pending.append(_Unwritten(report, evidence, redactor, action == "cancel"))
+        self.pending.append(_Unwritten(report, look.evidence, redactor))
         if not self.write_pending():
             self.say(f"verdict (report not on disk yet, retried every poll): {verdict_line}")
+        if action == "cancel":  # whether or not the disk took the report
+            self.cancel_job(report["incident_id"])
 
     def write_pending(self) -> bool:
         """Write the incidents that could not be written (and act on them); False while the
@@ -167,8 +266,6 @@ class Incidents:
             try:
                 path = write_incident(Path(self.info.run_dir), item.report, item.evidence,
                                       item.redactor)  # fmt: skip
-                if item.cancel:
-                    self.cancel_job(item.report["incident_id"])
             except OSError as exc:
                 self.say(f"cannot write the incident report: {exc.strerror or exc}")
                 return False
@@ -267,12 +364,18 @@ class Incidents:
         }
 
     def cancel_job(self, incident_id: str) -> None:
-        """``on_hang: cancel``: record why, then end the job (the launcher, or scancel)."""
+        """``on_hang: cancel``: record why, then end the job (scancel, or the launcher through
+        its pipe). Neither needs free disk: a full disk loses the record, not the cancel."""
         self.cancelling = True
         record = {"run_id": self.info.run_id, "incident_id": incident_id, "time": time.time()}
-        write_json_atomic(self.info.layout.cancel_file, record)
+        try:
+            write_json_atomic(self.info.layout.cancel_file, record)
+        except OSError as exc:
+            self.say(f"cannot record the cancel ({exc.strerror or exc}): cancelling anyway")
         if self.job_id:
             self.say(f"on_hang=cancel: scancel {self.job_id}")
-            subprocess.run(["scancel", self.job_id], check=False, capture_output=True)
+            with contextlib.suppress(OSError):
+                subprocess.run(["scancel", self.job_id], check=False, capture_output=True)
         else:
             self.say("on_hang=cancel: asking the launcher to terminate the job")
+            tell_launcher(f"cancel {incident_id}")

@@ -12,6 +12,7 @@ import glob
 import os
 import pwd
 import re
+import stat as stat_module
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,11 @@ from areal_watchdog.rundir.layout import RunLayout
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 LINE_BUDGET_S = 0.05  # the longest one log line may take to match watchdog.step_regex
+# AReaL's StatsLogger table after each step: "│ timeperf/rollout │ 4.5e+01 │ ..."
+PHASE_TIME = re.compile(
+    r"timeperf/(?P<phase>[\w/]+)\s*│\s*(?P<seconds>[-+]?[0-9.]+(?:[eE][-+]?\d+)?)"
+)
+LEARNED_FACTOR = 1.5  # a silence shorter than this many of the longest step seen is no stall
 
 
 def find_step(line: str, pattern: regex.Pattern[str]) -> int | None:
@@ -51,13 +57,19 @@ class _Cursor:
 
 
 class StepLogTail:
-    """Follow every file matching the glob patterns and return the step numbers of new lines."""
+    """Follow every file matching the glob patterns and return the step numbers of new lines.
 
-    def __init__(self, patterns: list[str], step_regex: str) -> None:
+    Only files the job's own user could have written count (``trusted_log``): under a shared
+    fileroot like ``/tmp`` another user could otherwise print "step 1007" and mask a hang."""
+
+    def __init__(self, patterns: list[str], step_regex: str, owner: int | None = None) -> None:
         self.patterns = patterns
         self.regex = regex.compile(step_regex)
+        self.owner = os.geteuid() if owner is None else owner
         self.slow_lines = 0  # lines skipped because the pattern took over LINE_BUDGET_S
         self.cursors: dict[str, _Cursor] = {}
+        self.refused: dict[str, str] = {}  # path -> why its lines do not count
+        self.phases = StepPhases()
         self._started = False
 
     def poll(self) -> list[int]:
@@ -70,6 +82,13 @@ class StepLogTail:
             except OSError:
                 continue
             cursor = self.cursors.get(path)
+            if cursor is None or cursor.inode != stat.st_ino:
+                problem = trusted_log_problem(Path(path), self.owner)
+                if problem:
+                    self.refused[path] = problem
+                    self.cursors.pop(path, None)
+                    continue
+                self.refused.pop(path, None)
             if cursor is None:
                 start = stat.st_size if not self._started else 0
                 cursor = self.cursors[path] = _Cursor(stat.st_ino, start)
@@ -107,7 +126,67 @@ class StepLogTail:
                 continue
             if step is not None:
                 steps.append(step)
+                self.phases.new_step()
+            self.phases.read(raw)
         return steps
+
+
+def trusted_log_problem(path: Path, owner: int) -> str | None:
+    """Why another user could have written the lines of ``path``, or None: it must be a
+    regular file (no symlink) of ``owner``'s in directories that only ``owner`` or root may
+    change (a sticky directory like ``/tmp`` is fine above them)."""
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        return exc.strerror
+    if not stat_module.S_ISREG(info.st_mode):
+        return "not a regular file (a symlink?)"
+    if info.st_uid != owner:
+        return f"owned by uid {info.st_uid}, not by the job's user"
+    if info.st_mode & 0o022:
+        return "writable by others"
+    for directory in path.parents:
+        try:
+            dinfo = os.stat(directory)
+        except OSError as exc:
+            return f"{directory}: {exc.strerror}"
+        if dinfo.st_uid not in (owner, 0):
+            return f"{directory} is owned by uid {dinfo.st_uid}"
+        if dinfo.st_mode & 0o022 and not dinfo.st_mode & stat_module.S_ISVTX:
+            return f"{directory} is writable by others"
+    return None
+
+
+@dataclass
+class StepPhases:
+    """How long this job's steps take, phase by phase, as AReaL's own timings say
+    (``timeperf/rollout``, ``timeperf/train_step``, ... in StatsLogger's table after each step):
+    the history that tells a slow phase from a hang before the first interval is seen."""
+
+    longest: dict[str, float] = field(default_factory=dict)  # phase -> its longest time
+    longest_step: float = 0.0  # the longest step, all its phases summed
+    current: float = 0.0
+
+    def new_step(self) -> None:
+        self.current = 0.0
+
+    def read(self, raw: bytes) -> None:
+        if b"timeperf/" not in raw:
+            return
+        text = ANSI_ESCAPE.sub("", raw.decode("utf-8", errors="replace"))
+        for match in PHASE_TIME.finditer(text):
+            seconds = float(match["seconds"])
+            if not 0 <= seconds < 1e7:
+                continue
+            phase = match["phase"]
+            self.longest[phase] = max(self.longest.get(phase, 0.0), seconds)
+            self.current += seconds
+            self.longest_step = max(self.longest_step, self.current)
+
+    def describe(self) -> str:
+        """``rollout 45 s, train_step 2 s``: the phases that weigh, longest first."""
+        top = sorted(self.longest.items(), key=lambda item: -item[1])[:2]
+        return ", ".join(f"{phase} {seconds:.0f} s" for phase, seconds in top)
 
 
 @dataclass
@@ -159,6 +238,7 @@ class StallClock:
     last_step: int | None = None
     first_step_at: float | None = None
     max_interval: float = 0.0
+    learned_step: float = 0.0  # the longest step the job's own timings report (StepPhases)
 
     def __post_init__(self) -> None:
         self.last_progress_at = self.started_at
@@ -192,11 +272,12 @@ class StallClock:
     def threshold(self) -> float:
         if self.first_step_at is None:
             return self.startup_timeout
+        learned = LEARNED_FACTOR * self.learned_step
         if self.stall_timeout is not None:
-            return self.stall_timeout
-        if self.max_interval <= 0:
+            return max(self.stall_timeout, learned)
+        if self.max_interval <= 0 and not learned:
             return max(self.startup_timeout, self.auto_min_timeout)
-        return max(self.auto_min_timeout, self.auto_factor * self.max_interval)
+        return max(self.auto_min_timeout, self.auto_factor * self.max_interval, learned)
 
     def silent_for(self, now: float) -> float:
         return now - self.last_progress_at

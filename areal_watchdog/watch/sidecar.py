@@ -83,7 +83,9 @@ class Sidecar:
             wd.stall_timeout, wd.startup_timeout, wd.auto_factor, wd.auto_min_timeout
         )
         patterns = default_log_patterns(self.layout, self.info, self.nodes[0])
-        self.tail = StepLogTail(patterns + list(wd.log_files), wd.step_regex)
+        owner = self.layout.run_dir.stat().st_uid  # the job's user: its logs alone count
+        self.tail = StepLogTail(patterns + list(wd.log_files), wd.step_regex, owner)
+        self.refusals_said: set[str] = set()
         specs = [SinkSpec.from_dict(d) for d in wd.notify]
         self.notifier = Notifier(
             specs, self.layout.spool_dir, Redactor.from_environment(), self.log,
@@ -189,6 +191,7 @@ class Sidecar:
         self.statuses = self.coordinator.refresh()
         leading = self.coordinator.is_leader()
         self.observe_progress(now, leading, due)
+        self.learn_step_time()
         self.watch.refresh(now)
         self.watch.sample_gpus(now)
         self.answer_request()
@@ -252,6 +255,10 @@ class Sidecar:
         status is due (it carries them to the leader) and takes the job's progress from the
         leader's status, so that it is up to date the moment it has to lead."""
         steps = self.tail.poll() if leading else []
+        for path, why in self.tail.refused.items():
+            if path not in self.refusals_said:
+                self.refusals_said.add(path)
+                self.say(f"step lines in {path} do not count: {why} (it could fake progress)")
         if self.tail.slow_lines and not self.slow_said:
             self.slow_said = True
             self.say(
@@ -290,6 +297,19 @@ class Sidecar:
             self.say("steps progressing")
         self.reported = progressed(self.reported)
 
+    def learn_step_time(self) -> None:
+        """Take the job's own step timings; say when they lift the threshold."""
+        phases = self.tail.phases
+        if phases.longest_step <= self.clock.learned_step:
+            return
+        before = self.clock.threshold
+        self.clock.learned_step = phases.longest_step
+        if self.clock.threshold > before and self.clock.first_step_at is not None:
+            self.say(
+                f"steps of this job take up to {phases.longest_step:.0f} s ({phases.describe()}, "
+                f"AReaL's timeperf): a silence counts as a stall after {self.clock.threshold:.0f} s"
+            )
+
     def answer_request(self) -> None:
         """Send this node's evidence for a request we have not answered yet."""
         request = self.coordinator.current_request()
@@ -304,7 +324,8 @@ class Sidecar:
 
     # ----------------------------------------------------------------- leader
     def lead(self, now: float) -> None:
-        """Ask the trigger rules what to do, then do it."""
+        """Finish a second look that is due; ask the trigger rules what to do, then do it."""
+        self.incidents.confirm(self.statuses)
         actions, self.reported = decide(self.snapshot(now), self.reported)
         for action in actions:
             self.act(action, now)

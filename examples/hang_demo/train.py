@@ -150,6 +150,8 @@ def main() -> None:
         "hang_rank": 1,
         "pause_step": -1,
         "pause_time": 0.0,
+        "slow_step": -1,
+        "slow_time": 0.0,
         "heartbeat": False,
     }
     settings.update(config.get("demo") or {})
@@ -175,6 +177,8 @@ def main() -> None:
             if step == settings["pause_step"]:
                 with areal_watchdog.expect_pause(settings["pause_time"] * 3, "saving checkpoint"):
                     time.sleep(settings["pause_time"])
+            if step == settings["slow_step"]:
+                time.sleep(settings["slow_time"])  # slow, unannounced, and then fine again
             time.sleep(settings["step_time"])
             if misbehave == "cleanup_deadlock":
                 break  # a rank-local early-stopping decision: the others go on

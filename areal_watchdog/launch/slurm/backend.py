@@ -19,7 +19,7 @@ from pathlib import Path
 from string import Template
 from typing import Any, TextIO
 
-from areal_watchdog.common.atomic import read_json, write_json_atomic
+from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.entrypoint import launch_mode
@@ -36,11 +36,17 @@ from areal_watchdog.launch.slurm.areal import (
     plan_single_controller,
     spmd_shape,
 )
-from areal_watchdog.launch.slurm.jobs import ACTIVE_STATES, job_state, wait_for_job
+from areal_watchdog.launch.slurm.jobs import (
+    ACTIVE_STATES,
+    job_state,
+    recorded_job_id,
+    wait_for_job,
+)
 from areal_watchdog.launch.slurm.node import NodeJob
 from areal_watchdog.launch.slurm.options import validate_slurm
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.rundir.secure import check_run_dir
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 CONCLUDE_SECONDS = 30  # how long the batch script waits for the sidecars' final word
@@ -264,13 +270,13 @@ def submit(plan: LaunchPlan) -> str:
 
 def _refuse_if_running(run_dir: Path) -> None:
     """A second submission into a run directory whose job still runs is refused."""
-    record = read_json(RunLayout(run_dir).watch_dir / "slurm_job.json")
-    if not isinstance(record, dict):
+    if not run_dir.exists():
         return
-    state = job_state(str(record.get("job_id"))).get("JobState", "")
+    job_id = recorded_job_id(check_run_dir(run_dir))
+    state = job_state(job_id).get("JobState", "") if job_id else ""
     if state in ACTIVE_STATES:
         raise UserError(
-            f"{run_dir}: already in use by Slurm job {record.get('job_id')} ({state}); cancel it "
+            f"{run_dir}: already in use by Slurm job {job_id} ({state}); cancel it "
             "(areal-launch cancel) or choose another trial_name"
         )
 
@@ -282,4 +288,4 @@ def _record_job(plan: LaunchPlan, job_id: str, folder: str) -> None:
     info["job_id"] = job_id
     write_json_atomic(layout.launch_file, info)
     record = {"job_id": job_id, "run_id": plan.run_id, "submitted_at": time.time(), "logs": folder}
-    write_json_atomic(layout.watch_dir / "slurm_job.json", record)
+    write_json_atomic(layout.slurm_job_file, record)

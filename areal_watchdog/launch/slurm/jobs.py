@@ -1,4 +1,8 @@
-"""Follow and end a submitted Slurm job by id: state, waiting, cancelling, node statuses."""
+"""Follow and end a submitted Slurm job by id: state, waiting, cancelling, node statuses.
+
+A job id reaches ``scontrol``/``scancel`` only after it matched Slurm's grammar (``123``,
+``123_4``, ``123+1``): an id read from a file can never become an option (``--user=root``).
+"""
 
 from __future__ import annotations
 
@@ -12,31 +16,65 @@ from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.rundir.secure import check_run_dir
 
+JOB_ID = re.compile(r"[0-9]{1,12}(?:_[0-9]{1,9})?(?:\+[0-9]{1,6})?")
 ACTIVE_STATES = (
     "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED",
 )  # fmt: skip
 
 
+def slurm(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """One Slurm client command; UserError (one line) when Slurm's commands are not here."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise UserError(
+            f"{argv[0]}: cannot run it ({exc.strerror}): Slurm's client commands must be on "
+            "PATH (run on a Slurm login node; Debian: apt-get install slurm-client)"
+        ) from None
+
+
 def job_state(job_id: str) -> dict[str, str]:
     """``scontrol show job``'s fields (JobState, Reason, NodeList, Comment...); empty if purged."""
-    out = subprocess.run(
-        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=False
-    )
+    out = slurm(["scontrol", "show", "job", "-o", checked_job_id(job_id)])
     if out.returncode != 0:
         return {}
     return dict(re.findall(r"(\w+)=(\S*)", out.stdout))
 
 
+def checked_job_id(value: object, source: str = "job id") -> str:
+    """``value`` as a Slurm job id, or UserError: never anything that a command line could
+    read as an option or as several arguments."""
+    text = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
+    if not JOB_ID.fullmatch(text):
+        raise UserError(
+            f"{source}: {value!r} is not a Slurm job id (digits, as 123, 123_4 or 123+1): "
+            "refusing to pass it to Slurm"
+        )
+    return text
+
+
+def recorded_job_id(run_dir: Path) -> str | None:
+    """The job id ``slurm`` recorded in a run directory (checked), None when it holds none."""
+    path = RunLayout(run_dir).slurm_job_file
+    record = read_json(path)
+    if not isinstance(record, dict):
+        return None
+    return checked_job_id(record.get("job_id"), f"{path}: job_id")
+
+
 def resolve_job(target: str) -> tuple[str, Path | None]:
-    """A run directory or a job id -> (job id, run directory if known)."""
+    """A run directory (ours: ``check_run_dir``) or a job id -> (job id, run directory if
+    known: the job's comment names it; the caller checks it before reading it)."""
     path = Path(target)
-    if path.is_dir():
-        record = read_json(RunLayout(path).watch_dir / "slurm_job.json")
-        if not isinstance(record, dict):
+    if path.is_dir() or path.is_symlink():
+        run_dir = check_run_dir(path)
+        job_id = recorded_job_id(run_dir)
+        if job_id is None:
             raise UserError(f"{target}: no Slurm job was submitted from this run directory")
-        return str(record["job_id"]), path
-    if not target.isdigit():
+        return job_id, run_dir
+    if not JOB_ID.fullmatch(target):
         raise UserError(f"{target}: neither a run directory nor a Slurm job id")
     comment = job_state(target).get("Comment", "")
     run_dir = Path(comment.split(":", 1)[1]) if comment.startswith("areal-watchdog:") else None
@@ -64,7 +102,7 @@ def wait_for_job(job_id: str, run_dir: Path, poll: float = 2.0, out=print) -> in
 
 
 def cancel_job(job_id: str) -> None:
-    out = subprocess.run(["scancel", job_id], capture_output=True, text=True, check=False)
+    out = slurm(["scancel", checked_job_id(job_id)])
     if out.returncode != 0:
         raise UserError(f"scancel {job_id} failed: {out.stderr.strip()}")
 
@@ -80,14 +118,15 @@ def node_statuses(run_dir: Path) -> list[dict[str, Any]]:
 
 def cancel_jobs(prefix: str) -> list[str]:
     """``scancel`` this user's jobs whose name starts with ``prefix``; their ids."""
-    listed = subprocess.run(
-        ["squeue", "--me", "-h", "-o", "%i %j"], capture_output=True, text=True, check=False
-    )
+    try:
+        listed = slurm(["squeue", "--me", "-h", "-o", "%i %j"])
+    except UserError:
+        return []
     ids = [
         job_id
         for job_id, _, name in (line.partition(" ") for line in listed.stdout.splitlines())
-        if name.startswith(prefix)
+        if name.startswith(prefix) and JOB_ID.fullmatch(job_id)
     ]
     if ids:
-        subprocess.run(["scancel", *ids], capture_output=True, check=False)
+        slurm(["scancel", *ids])
     return ids
