@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from areal_watchdog.common.areal_version import installed_version
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.rankset import format_ranks
 from areal_watchdog.common.redact import Redactor
@@ -108,7 +109,8 @@ def run_preflight(config: JobConfig, watchdog: bool, ignore: bool) -> None:
     """Say every AReaL config trap; refuse to launch on a real one unless told to go on."""
     wd = config.watchdog
     threshold = "an automatic threshold" if wd.stall_timeout is None else f"{wd.stall_timeout:g} s"
-    findings = preflight(config.raw, watchdog, threshold)
+    areal = installed_version(config.launch.python) if "rollout" in config.raw else None
+    findings = preflight(config.raw, watchdog, threshold, areal)
     for finding in findings:
         level = "warning" if finding.level == "warning" or ignore else "error"
         print(f"[areal-launch] {level}: {finding.line(config.source)}", file=sys.stderr)

@@ -3,7 +3,10 @@
 # tests need. Idempotent: a second run installs nothing new.
 #
 #   bash scripts/setup.sh           # areal-watchdog and its test tools
-#   bash scripts/setup.sh --areal   # also the real AReaL package (the AReaL tests and demo)
+#   bash scripts/setup.sh --areal   # also the real AReaL package (the AReaL tests and demo): 1.0.4
+#                                   # from PyPI in .venv, and 2.0.0 in .venv-areal2 when the
+#                                   # wheel built from AReaL's v2.0.0 tag is at $AREAL2_WHEEL
+#                                   # (default ../shared/vendor/areal-2.0.0-py3-none-any.whl)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${AREAL_WATCHDOG_VENV:-.venv}"
@@ -28,4 +31,21 @@ if [ "${1:-}" = "--areal" ] \
   echo "[setup] installing AReaL $AREAL_VERSION (--no-deps) and its pure-Python dependencies"
   "${PIP[@]}" -r requirements-areal.txt
   "${PIP[@]}" --no-deps "areal==$AREAL_VERSION" "peft==0.18.1" "torchdata==0.11.0"
+fi
+
+# AReaL 2.0.0 beside it: a venv of its own whose only package is AReaL 2.0.0 (--no-deps, from the
+# wheel built from AReaL's v2.0.0 tag); everything else, areal-watchdog included, comes from
+# .venv through a .pth (site.addsitedir: .venv's own .pth files count too). Its AReaL shadows
+# .venv's 1.0.4.
+AREAL2_WHEEL="${AREAL2_WHEEL:-../shared/vendor/areal-2.0.0-py3-none-any.whl}"
+VENV2="${AREAL_WATCHDOG_VENV2:-.venv-areal2}"
+if [ "${1:-}" = "--areal" ] && [ -f "$AREAL2_WHEEL" ] \
+  && ! "$VENV2/bin/python" -c "import areal, sys; sys.exit(areal.__version__ != '2.0.0')" \
+    >/dev/null 2>&1; then
+  echo "[setup] installing AReaL 2.0.0 (--no-deps) into $VENV2 from $AREAL2_WHEEL"
+  "$VENV/bin/python" -m venv "$VENV2"
+  purelib='import sysconfig; print(sysconfig.get_paths()["purelib"])'
+  base=$("$VENV/bin/python" -c "$purelib")
+  echo "import site; site.addsitedir('$base')" > "$("$VENV2/bin/python" -c "$purelib")/areal-watchdog-base.pth"
+  "$VENV2/bin/python" -m pip install -q --disable-pip-version-check --no-deps "$AREAL2_WHEEL"
 fi

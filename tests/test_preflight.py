@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 
+import pytest
+
 from areal_watchdog.config.preflight import preflight
 
 # The parts of AReaL's own examples/math/gsm8k_grpo.yaml (1.0) that preflight reads.
@@ -31,18 +33,32 @@ def test_areal_example_config_has_no_trap() -> None:
     assert preflight(GSM8K, watchdog=True, stall_threshold="600 s") == []
 
 
-def test_zero_capacity_per_rollout_worker_is_an_error_with_the_fix() -> None:
-    (finding,) = preflight(
-        config(rollout__max_concurrent_rollouts=2), watchdog=True, stall_threshold="600 s"
-    )
-    assert finding.level == "error"
-    assert finding.key == "rollout.max_concurrent_rollouts"
-    assert "leaves each worker 0" in finding.message and "at least 4" in finding.message
+@pytest.mark.parametrize("areal", ["1.0.4", "2.0.0"])
+def test_a_small_capacity_shared_by_many_workers_is_no_trap(areal: str) -> None:
+    """Both releases give each rollout worker at least 1 (workflow_executor.py): 2 concurrent
+    rollouts among 4 workers trains (tests/test_areal.py runs 1 among 2)."""
+    tree = config(rollout__max_concurrent_rollouts=2, rollout__consumer_batch_size=2)
+    assert preflight(tree, watchdog=True, stall_threshold="600 s", areal=areal) == []
 
 
-def test_more_gpus_than_the_cluster_is_an_error_fewer_a_warning() -> None:
+@pytest.mark.parametrize("areal", ["1.0.4", "2.0.0"])
+def test_a_negative_offpolicyness_is_an_error_with_the_fix(areal: str) -> None:
+    tree = config(rollout__max_head_offpolicyness=-1)
+    (finding,) = preflight(tree, watchdog=True, stall_threshold="600 s", areal=areal)
+    assert (finding.level, finding.key) == ("error", "rollout.max_head_offpolicyness")
+    assert "never positive" in finding.message and "use 0 or more" in finding.message
+
+
+def test_an_unknown_areal_gets_one_warning_and_no_staleness_rule() -> None:
+    tree = config(rollout__max_head_offpolicyness=-1)
+    (finding,) = preflight(tree, watchdog=True, stall_threshold="600 s", areal="3.1.0")
+    assert finding.level == "warning"
+    assert "AReaL 3.1.0 is not one areal-watchdog knows (1.0.x, 2.0.x)" in finding.message
+
+
+def test_more_or_fewer_gpus_than_the_cluster_are_warnings() -> None:
     (more,) = preflight(config(actor__backend="fsdp:d8"), watchdog=True, stall_threshold="1 s")
-    assert (more.level, more.key) == ("error", "rollout.backend + actor.backend")
+    assert (more.level, more.key) == ("warning", "rollout.backend + actor.backend")
     assert "12 GPUs" in more.message and "1 x 8 = 8" in more.message
     (fewer,) = preflight(config(actor__backend="fsdp:d2"), watchdog=True, stall_threshold="1 s")
     assert fewer.level == "warning" and "2 stay idle" in fewer.message

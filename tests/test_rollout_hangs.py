@@ -114,10 +114,10 @@ def test_recorded_rollout_evidence(path: Path) -> None:
 
 
 def test_recorded_rollout_causes_are_all_covered() -> None:
-    """Every cause of the real runs here has a fixture, and so has workflow_stuck (from the
-    real AReaL run of test_areal.py)."""
+    """Every cause of the real runs here has a fixture, and so have workflow_stuck and
+    reward_stuck (from the real AReaL runs of test_areal.py and test_areal_accuracy.py)."""
     causes = {p.stem.split("--")[0] for p in RECORDED.glob("*.json")}
-    assert causes == {c[2] for c in CASES if c[2]} | {"workflow_stuck"}
+    assert causes == {c[2] for c in CASES if c[2]} | {"workflow_stuck", "reward_stuck"}
 
 
 def test_task_snapshot_names_the_awaited_server_and_the_wait() -> None:

@@ -1,15 +1,20 @@
 """Traps in an AReaL config that do not fail at start-up but hang later, found before launch.
 
-Pure: reads the resolved config tree only. Each finding names the key, says why it hangs and
-what to change. ``error`` findings stop the launch unless ``--ignore-preflight`` is given;
-``warning`` findings are printed and the launch goes on.
+Pure: reads the resolved config tree and the installed AReaL's version. Each finding names the
+key, says why it hangs and what to change. ``error`` findings stop the launch unless
+``--ignore-preflight`` is given; ``warning`` findings are printed and the launch goes on. An
+error is only ever a trap seen to hang the AReaL release it is checked for
+(``tests/test_areal.py`` runs each one): a preflight must never block a config that works.
 
+- Staleness (per release, ``STALENESS_RULES``): a negative ``max_head_offpolicyness`` leaves
+  the staleness capacity ``(offpolicyness + version + 1) x batch`` at 0 before the first
+  version, so no rollout ever starts. Both releases clamp each rollout worker's share of
+  ``max_concurrent_rollouts`` and ``consumer_batch_size`` to at least 1
+  (``workflow_executor.py``: 1.0.4 line 959, 2.0.0 line 1046), so a small value divided among
+  many workers (AReaL PR #1396's worry) trains, and is no trap.
 - GPUs: the ``rollout.backend`` and ``actor.backend`` allocations (``sglang:d4p1t1`` is
-  4 x 1 x 1 GPUs) must fit ``cluster.n_nodes x cluster.n_gpus_per_node``; more is an error (the
-  scheduler waits for GPUs that never come), fewer a warning (idle GPUs).
-- Staleness capacity: each rollout worker gets ``max_concurrent_rollouts`` and
-  ``consumer_batch_size`` divided by the rollout data-parallel size (AReaL PR #1396); when
-  either reaches 0 no rollout can ever start and ``prepare_batch`` waits forever.
+  4 x 1 x 1 GPUs) against ``cluster.n_nodes x cluster.n_gpus_per_node``: a warning either way
+  (more cannot be placed; fewer leave GPUs idle), not verified on this project's CPU machines.
 - Collective timeout: without ``--watchdog`` a hang holds every GPU until AReaL's 7,200 s
   process-group timeout; with it, the watchdog's stall threshold applies.
 """
@@ -17,8 +22,11 @@ what to change. ``error`` findings stop the launch unless ``--ignore-preflight``
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from areal_watchdog.common.areal_version import series, unknown_note
 
 AREAL_COLLECTIVE_TIMEOUT_S = 7200
 _ALLOCATION = re.compile(r"^(?:(?P<engine>[a-z_]+):)?(?P<dims>(?:[a-z]\d+)+)$")
@@ -37,8 +45,11 @@ class Finding:
         return f"{source}: {self.key}: {self.message}"
 
 
-def preflight(tree: dict[str, Any], watchdog: bool, stall_threshold: str) -> list[Finding]:
-    """Every trap found in an AReaL config tree (empty for plain torchrun configs)."""
+def preflight(
+    tree: dict[str, Any], watchdog: bool, stall_threshold: str, areal: str | None = None
+) -> list[Finding]:
+    """Every trap found in an AReaL config tree (empty for plain torchrun configs); ``areal``:
+    the installed AReaL's version, which picks the staleness rules."""
     findings = []
     rollout = _section(tree, "rollout")
     actor = _section(tree, "actor")
@@ -47,7 +58,7 @@ def preflight(tree: dict[str, Any], watchdog: bool, stall_threshold: str) -> lis
     if rollout_dims is not None or actor_dims is not None:
         findings += _gpu_findings(tree, rollout_dims, actor_dims)
     if rollout_dims is not None:
-        findings += _staleness_findings(rollout, rollout_dims.get("d", 1))
+        findings += _staleness_findings(rollout, areal)
     if not watchdog and (rollout or actor):
         findings.append(
             Finding(
@@ -74,11 +85,11 @@ def _gpu_findings(
     if wanted > have:
         return [
             Finding(
-                "error",
+                "warning",
                 where,
                 f"ask for {wanted} GPUs but cluster.n_nodes x cluster.n_gpus_per_node is "
-                f"{nodes} x {per_node} = {have}: the scheduler would wait for GPUs that never "
-                "come; shrink the allocations or add nodes",
+                f"{nodes} x {per_node} = {have}: the scheduler cannot place them all; shrink "
+                "the allocations or add nodes",
             )
         ]
     if wanted < have:
@@ -93,30 +104,33 @@ def _gpu_findings(
     return []
 
 
-def _staleness_findings(rollout: dict[str, Any], dp: int) -> list[Finding]:
-    findings = []
-    for key in ("max_concurrent_rollouts", "consumer_batch_size"):
-        value = rollout.get(key)
-        if isinstance(value, int) and value // dp == 0:
-            findings.append(
-                Finding(
-                    "error",
-                    f"rollout.{key}",
-                    f"{value} divided among {dp} rollout workers (rollout.backend's data "
-                    f"parallel size) leaves each worker 0: no rollout can start and "
-                    f"prepare_batch waits forever (AReaL PR #1396); set it to at least {dp}",
-                )
-            )
+def _negative_offpolicyness(rollout: dict[str, Any]) -> Finding | None:
     offpolicy = rollout.get("max_head_offpolicyness")
-    if isinstance(offpolicy, int) and offpolicy < 0:
-        findings.append(
-            Finding(
-                "error",
-                "rollout.max_head_offpolicyness",
-                f"{offpolicy} is negative: the staleness capacity is never positive; use 0 or more",
-            )
-        )
-    return findings
+    if isinstance(offpolicy, bool) or not isinstance(offpolicy, int) or offpolicy >= 0:
+        return None
+    return Finding(
+        "error",
+        "rollout.max_head_offpolicyness",
+        f"{offpolicy} is negative: the staleness capacity ({offpolicy} + version + 1) x "
+        "consumer_batch_size is never positive before the first weight update, so no rollout "
+        "starts and prepare_batch waits forever; use 0 or more",
+    )
+
+
+StalenessRule = Callable[[dict[str, Any]], "Finding | None"]
+# The rules seen to hang each release (StalenessManager.get_capacity, workflow_executor.py).
+STALENESS_RULES: dict[str, tuple[StalenessRule, ...]] = {
+    "1.0": (_negative_offpolicyness,),
+    "2.0": (_negative_offpolicyness,),
+}
+
+
+def _staleness_findings(rollout: dict[str, Any], areal: str | None) -> list[Finding]:
+    rules = STALENESS_RULES.get(series(areal) or "")
+    if rules is None:
+        note = unknown_note(areal, "its staleness traps are not checked")
+        return [Finding("warning", "rollout", note)] if note else []
+    return [f for rule in rules if (f := rule(rollout)) is not None]
 
 
 def _dims(backend: Any) -> dict[str, int] | None:

@@ -28,7 +28,10 @@ def is_library(frame: Frame) -> bool:
 
 
 def is_library_path(path: str) -> bool:
-    return path.startswith("<") or bool(_INSTALLED.search(path) or _AREAL_FILE.search(path))
+    """A relative path is compiled code's (``uvloop/loop.pyx``), never the user's script."""
+    if path.startswith("<") or not path.startswith("/"):
+        return True
+    return bool(_INSTALLED.search(path) or _AREAL_FILE.search(path))
 
 
 def is_areal(path: str) -> bool:

@@ -13,7 +13,9 @@ Rules, in order (docs/hang-categories.md):
    ``inference_unreachable`` (a server refuses connections), ``inference_wedged`` (a server
    accepts but does not answer its health check), ``inference_paused`` (a server reports itself
    paused, or holds queued requests with none running while the job's tasks await it),
-   ``workflow_failing`` (episodes keep being rejected), ``workflow_stuck`` (the pending
+   ``workflow_failing`` (episodes keep being rejected), ``reward_stuck`` (the pending episodes
+   wait for a reward function that never returns, in AReaL's reward process pool: their
+   samples silently score 0), ``workflow_stuck`` (the pending
    episodes wait inside the workflow, on something that is not an inference server: a tool, a
    sandbox, a lock), ``staleness_blocked`` (a capacity wait with no rollout in flight: nothing will
    ever free capacity), or ``unknown``.
@@ -26,11 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal_watchdog.common.rankset import ranks_phrase
-from areal_watchdog.diagnose.frames import display_path, is_library_path
+from areal_watchdog.diagnose.frames import bare, display_path, is_library_path
 from areal_watchdog.diagnose.phrases import cap, is_are, them
 from areal_watchdog.diagnose.verdict import culprit_entry
 from areal_watchdog.evidence.model import (
     BLOCKED,
+    HELPER,
     RUNNING,
     Evidence,
     Frame,
@@ -55,7 +58,9 @@ EPISODE_CALLS = frozenset(
     {"_execute_workflow", "arun_episode", "agenerate", "arequest_with_retry", "generate"}
 )
 GENERATION_CALLS = frozenset({"agenerate", "arequest_with_retry", "generate", "_arequest"})
-_CAPACITY = re.compile(r"capacity|staleness", re.I)
+# A capacity wait: ours and AReaL's names for it; AReaL's dispatcher waits for capacity (or for
+# work, or a resume) in _get_next_task_for_submission, in the rollout worker or the SPMD rank.
+_CAPACITY = re.compile(r"capacity|staleness|_get_next_task_for_submission", re.I)
 _REJECTED = re.compile(r"rejected|episode failed|workflow.*(failed|error)", re.I)
 REJECTIONS_FOR_FAILING = 3  # rejection lines in one rank's log tail that mean "every episode"
 
@@ -121,7 +126,7 @@ def _rollout_stalled(
 ) -> RolloutFinding:
     who = [p for p, _ in waiting]
     frame = waiting[0][1]
-    cause = _cause(evidence, waiting)
+    cause = _cause(evidence)
     return RolloutFinding(
         "rollout_stalled",
         cause.name,
@@ -133,12 +138,13 @@ def _rollout_stalled(
     )
 
 
-def _cause(evidence: Evidence, waiting: list[tuple[RankEvidence, Frame]]) -> _Cause:
-    for rule in (_server_down, _server_paused, _workflow_failing, _workflow_stuck):
+def _cause(evidence: Evidence) -> _Cause:
+    rules = (_server_down, _server_paused, _workflow_failing, _reward_stuck, _workflow_stuck)
+    for rule in rules:
         found = rule(evidence)
         if found is not None:
             return found
-    return _staleness_blocked(evidence, waiting) or _Cause(
+    return _staleness_blocked(evidence) or _Cause(
         "unknown", 0.4, [], "the inference servers look healthy; read the task dumps"
     )
 
@@ -169,6 +175,66 @@ def _server_paused(evidence: Evidence) -> _Cause | None:
         f"the inference server {_addresses(paused)} is paused (generation paused for a weight "
         f"update and never resumed?) with {queued} request(s) queued",
     )
+
+
+def _reward_stuck(evidence: Evidence) -> _Cause | None:
+    """Episodes wait for the reward function, which AReaL runs in a process pool (a child of
+    the rollout worker) under a timeout: when it never returns, AReaL retries, gives up and
+    scores the sample 0, silently. The pool's process is a helper of the worker: name the
+    reward function it is stuck in, and where."""
+    holders = [
+        (p, t)
+        for p in evidence.processes()
+        for t in p.tasks
+        if _is_episode(t) and any(_is_reward_call(link) for link in t.get("chain", []))
+    ]
+    if not holders:
+        return None
+    stuck = [(h, f) for h in evidence.workers if h.role == HELPER and (f := _reward_frame(h))]
+    owners = list({p.pid: p for p, _ in holders}.values())
+    oldest = max(float(t.get("pending_s") or 0.0) for _, t in holders)
+    what = "the reward function (its process-pool process was not found)"
+    if stuck:
+        helper, frame = stuck[0]
+        parent = next((p for p in evidence.processes() if p.pid == helper.parent_pid), None)
+        child = f", a child of {parent.label()}" if parent is not None else ""
+        what = (
+            f"the reward function {bare(frame.name)}(), stuck at {_innermost(helper, frame)} in "
+            f"its process-pool process (pid {helper.pid}{child})"
+        )
+    return _Cause(
+        "reward_stuck",
+        0.85,
+        [culprit_entry(h) for h, _ in stuck] or [culprit_entry(p) for p in owners],
+        f"{len(holders)} episode(s) in {_names(owners)} wait for {what} for up to {oldest:.0f} "
+        "s: AReaL gives up after its reward timeout and scores the sample 0, so rewards are "
+        "silently falling back to 0",
+    )
+
+
+def _innermost(helper: RankEvidence, called: Frame) -> str:
+    """Where the reward function is stuck: the innermost of the user's frames, else the call."""
+    thread = next(t for t in helper.threads if called in t.frames)
+    frames = thread.frames[: thread.frames.index(called) + 1]
+    frame = next((f for f in frames if not is_library_path(f.filename)), called)
+    return f"{display_path(frame.filename, helper.cwd)}:{frame.line}"
+
+
+def _is_reward_call(link: dict[str, Any]) -> bool:
+    name, filename = str(link.get("name", "")), str(link.get("filename", ""))
+    return "RewardWrapper" in name or filename.endswith("reward_api.py")
+
+
+def _reward_frame(helper: RankEvidence) -> Frame | None:
+    """The function a process-pool worker runs: the frame ``_process_worker`` called."""
+    for thread in helper.threads:
+        names = [bare(f.name) for f in thread.frames]
+        if "_process_worker" in names:
+            index = names.index("_process_worker")
+            callee = thread.frames[index - 1] if index > 0 else None
+            if callee is not None and bare(callee.name) != "get":
+                return callee
+    return None
 
 
 def _workflow_stuck(evidence: Evidence) -> _Cause | None:
@@ -205,10 +271,9 @@ def _workflow_failing(evidence: Evidence) -> _Cause | None:
     )
 
 
-def _staleness_blocked(
-    evidence: Evidence, waiting: list[tuple[RankEvidence, Frame]]
-) -> _Cause | None:
-    capacity_wait = [p for p, _ in waiting if _first(p, lambda f: _CAPACITY.search(f.name))]
+def _staleness_blocked(evidence: Evidence) -> _Cause | None:
+    live = [p for p in evidence.processes() if p.state in (BLOCKED, RUNNING)]
+    capacity_wait = [p for p in live if _first(p, lambda f: _CAPACITY.search(f.name))]
     if not capacity_wait or any(_is_episode(t) for p in evidence.processes() for t in p.tasks):
         return None
     return _Cause(

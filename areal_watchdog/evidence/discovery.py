@@ -33,6 +33,7 @@ import psutil
 
 from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.roles import RANK_WRAPPERS, Identity, identify
+from areal_watchdog.evidence.model import HELPER
 from areal_watchdog.rundir.layout import COOPERATIVE_SIGNAL, ENV_RUN_ID, RunLayout, node_of
 
 
@@ -51,12 +52,19 @@ class JobProcess:
     address: str | None = None  # inference servers: host:port
     cooperative_signal: int | None = None
     hooked: bool = False  # armed by the sitecustomize hook: its files are kept by pid
+    parent_pid: int | None = None  # a helper: the part of the job that started it
 
     def label(self) -> str:
-        """``rank 3``, ``actor 1``, ``inference_server 127.0.0.1:30000``, ``controller``."""
+        """``rank 3``, ``actor 1``, ``inference_server 127.0.0.1:30000``, ``controller``,
+        ``helper of pid 12``."""
+        if self.role == HELPER:
+            return f"helper of pid {self.parent_pid}"
         if self.role == "rank":
             return f"rank {self.rank}"
         return Identity(self.role, self.index, self.address).label()
+
+
+MAX_HELPERS_PER_PART = 8
 
 
 @dataclass
@@ -95,6 +103,37 @@ def discover(layout: RunLayout, scope: Scope, expected: int = 0) -> Discovered:
     if scope.world_size is not None:
         found.ranks = {r: p for r, p in found.ranks.items() if 0 <= r < scope.world_size}
     return found
+
+
+def helpers(layout: RunLayout, scope: Scope, parts: dict[int, JobProcess]) -> list[JobProcess]:
+    """The Python processes of the run that a part of the job (``parts``, by pid) started and
+    that are no part themselves: AReaL's reward process pool, a tool an episode runs, a
+    DataLoader worker. Looked for only when evidence is gathered: what they wait in can be the
+    hang (a reward function that never returns)."""
+    owner = _owner(layout)
+    found: dict[int, list[JobProcess]] = {}
+    for proc in psutil.process_iter():
+        try:
+            parent = proc.ppid()
+            if parent not in parts or proc.pid in parts or not _ours(proc, owner):
+                continue
+            argv, env = proc.cmdline(), proc.environ()
+            if env.get(ENV_RUN_ID) != scope.run_id or not _is_python(argv):
+                continue
+            made = JobProcess(proc.pid, scope.node, proc.create_time(), role=HELPER,
+                              index=parts[parent].index, parent_pid=parent)  # fmt: skip
+        except (psutil.Error, OSError):
+            continue
+        found.setdefault(parent, []).append(made)
+    return [
+        h
+        for kids in found.values()
+        for h in sorted(kids, key=lambda h: h.pid)[:MAX_HELPERS_PER_PART]
+    ]
+
+
+def _is_python(argv: list[str]) -> bool:
+    return bool(argv) and argv[0].rsplit("/", 1)[-1].startswith("python")
 
 
 def _owner(layout: RunLayout) -> int:

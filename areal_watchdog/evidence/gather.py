@@ -103,6 +103,7 @@ def _evidence(proc: JobProcess) -> RankEvidence:
         role=None if proc.role == "rank" else proc.role,
         worker_index=proc.index,
         address=proc.address,
+        parent_pid=proc.parent_pid,
     )
 
 

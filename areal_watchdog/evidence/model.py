@@ -16,6 +16,7 @@ RUNNING = "running"  # alive, stack taken, CPU time moving
 EXITED = "exited"  # the process is gone
 UNRESPONSIVE = "unresponsive"  # alive, but no stack could be taken
 MISSING = "missing"  # part of the world size, never seen on any node
+HELPER = "helper"  # the role of a Python process a part of the job started (a reward pool)
 
 
 @dataclass

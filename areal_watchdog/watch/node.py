@@ -11,7 +11,7 @@ from typing import Any
 
 import psutil
 
-from areal_watchdog.evidence.discovery import JobProcess, Scope, discover
+from areal_watchdog.evidence.discovery import JobProcess, Scope, discover, helpers
 from areal_watchdog.evidence.flight_recorder import collect
 from areal_watchdog.evidence.gather import GatherSettings, gather_node, gather_workers
 from areal_watchdog.evidence.gpu import GpuBackend, IdleTracker, NoGpu
@@ -130,8 +130,11 @@ class NodeWatch:
         return items
 
     def worker_evidence(self, settings: GatherSettings) -> list[RankEvidence]:
-        """A stack from every other live part of the job here, exits of those that ended."""
+        """A stack from every other live part of the job here and from the helpers the parts
+        started, exits of those that ended."""
         live = [w.proc for w in self.workers.values()]
+        parts = {w.proc.pid: w.proc for w in (*self.live.values(), *self.workers.values())}
+        live += helpers(self.layout, self.scope, parts)
         return gather_workers(
             self.layout, live, list(self.workers_gone.values()), self.cpu(), settings
         )

@@ -1,12 +1,14 @@
-"""GRPO on GSM8K with AReaL 1.0: AReaL's own ``examples/math/gsm8k_rl.py``, one change.
+"""GRPO on GSM8K with AReaL: AReaL's own ``examples/math/gsm8k_rl.py``, two changes.
 
-The change: rollouts run ``tool_workflow.ToolRLVRWorkflow`` (AReaL's ``RLVRWorkflow`` plus a
-calculator tool) instead of ``areal.workflow.rlvr.RLVRWorkflow``; everything else is AReaL's
-example as shipped. Run it the way AReaL's docs do, watched::
+The changes: rollouts run ``tool_workflow.ToolRLVRWorkflow`` (AReaL's ``RLVRWorkflow`` plus a
+calculator tool) instead of ``areal.workflow.rlvr.RLVRWorkflow``, and the reward function may be
+another one (``AREAL_EXAMPLE_REWARD_FN``, an import string, as AReaL names reward functions);
+everything else is AReaL's example as shipped. Run it the way AReaL's docs do, watched::
 
     areal-launch --watchdog local examples/areal/gsm8k_grpo.yaml
 """
 
+import os
 import sys
 
 from areal import PPOTrainer
@@ -31,7 +33,7 @@ def main(args):
     )
 
     workflow_kwargs = dict(
-        reward_fn="areal.reward.gsm8k.gsm8k_reward_fn",
+        reward_fn=os.environ.get("AREAL_EXAMPLE_REWARD_FN", "areal.reward.gsm8k.gsm8k_reward_fn"),
         gconfig=config.gconfig,
         tokenizer=config.tokenizer_path,
         enable_thinking=False,

@@ -53,7 +53,8 @@ class Sampler:
         self.eos = getattr(config, "eos_token_id", None)
         # A document separator belongs in prompts only: a trained model never emits it, a model
         # with random weights would (the harness's tiny model, harness/modeling_tiny.py).
-        self.banned = [t for t in (getattr(config, "doc_sep_token_id", None),) if t is not None]
+        marks = ("doc_sep_token_id", "bad_sample_token_id")  # tokens the harness plants
+        self.banned = [t for t in (getattr(config, m, None) for m in marks) if t is not None]
 
     @staticmethod
     def load(path: str) -> Any:

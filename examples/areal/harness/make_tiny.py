@@ -20,8 +20,17 @@ Two data-dependent hangs, one per side:
 - training: rows that hold the document separator ``<|doc_sep|>`` make the trainer's forward pass
   spin (``modeling_tiny.py``); ``--train-poison-from K`` marks rows K, K+1, ...
 
+And three that are not hangs of the model's own, each marked the same way:
+
+- ``--train-raise-from K``: rows with ``<|bad_sample|>``, which the trainer's forward pass
+  refuses with an exception on the DP rank that gets them (an early exit from the loop);
+- ``--slow-tool-from K``: rows whose calculator answers only after
+  ``AREAL_EXAMPLE_SLOW_TOOL_S`` seconds (slow, not stuck);
+- ``--no-score-from K``: rows whose reward function never returns (``rewards.py``).
+
 ``python make_tiny.py OUT_DIR [--rows N] [--poison-from K] [--poison-count C]
-[--train-poison-from K] [--train-poison-count C]``
+[--train-poison-from K] [--train-poison-count C] [--train-raise-from K]
+[--slow-tool-from K] [--slow-tool-count C] [--no-score-from K]``
 prints the paths it made.
 """
 
@@ -33,7 +42,8 @@ import random
 from pathlib import Path
 
 DOC_SEP = "<|doc_sep|>"
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", DOC_SEP]
+BAD_SAMPLE = "<|bad_sample|>"
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", DOC_SEP, BAD_SAMPLE]
 MODELLING = Path(__file__).with_name("modeling_tiny.py")
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -41,6 +51,8 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 POISON = "POISON"
+SLOW_TOOL = "SLOWTOOL"  # the calculator answers, but only after AREAL_EXAMPLE_SLOW_TOOL_S
+NO_SCORE = "NOSCORE"  # the reward function never returns (examples/areal/rewards.py)
 README = """---
 configs:
 - config_name: main
@@ -54,18 +66,21 @@ A GSM8K-shaped toy dataset made offline by areal-watchdog's CPU harness (make_ti
 """
 
 
-def rows(count: int, seed: int, poison: range, train_poison: range) -> list[dict[str, str]]:
-    """Arithmetic word problems in GSM8K's shape; the rows in ``poison`` and ``train_poison``
-    are marked."""
+def rows(count: int, seed: int, marks: dict[str, range]) -> list[dict[str, str]]:
+    """Arithmetic word problems in GSM8K's shape; the rows in each range of ``marks`` carry
+    that mark (a prefix word, or a special token inside the question)."""
     rng = random.Random(seed)
     out = []
     for i in range(count):
         a, b = rng.randint(1, 20), rng.randint(1, 20)
         question = f"Tom has {a} apples and buys {b} more. How many apples does Tom have?"
-        if i in train_poison:
-            question = question.replace(". ", f".{DOC_SEP}", 1)
-        if i in poison:
-            question = f"{POISON} {question}"
+        for mark, marked_rows in marks.items():
+            if i not in marked_rows:
+                continue
+            if mark.startswith("<|"):
+                question = question.replace(". ", f".{mark}", 1)
+            else:
+                question = f"{mark} {question}"
         out.append({"question": question, "answer": f"{a} + {b} = {a + b}\n#### {a + b}"})
     return out
 
@@ -129,6 +144,7 @@ def make_model(tokenizer, path: Path, seed: int) -> None:
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.config.auto_map = {"AutoModelForCausalLM": "modeling_tiny.TinyQwen2ForCausalLM"}
     model.config.doc_sep_token_id = tokenizer.convert_tokens_to_ids(DOC_SEP)
+    model.config.bad_sample_token_id = tokenizer.convert_tokens_to_ids(BAD_SAMPLE)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     (path / MODELLING.name).write_text(MODELLING.read_text())
@@ -160,11 +176,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--poison-count", type=int, default=4)
     parser.add_argument("--train-poison-from", type=int, default=None)
     parser.add_argument("--train-poison-count", type=int, default=1)
+    parser.add_argument("--train-raise-from", type=int, default=None)
+    parser.add_argument("--slow-tool-from", type=int, default=None)
+    parser.add_argument("--slow-tool-count", type=int, default=4)
+    parser.add_argument("--no-score-from", type=int, default=None)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
-    poison = marked(args.poison_from, args.poison_count)
-    train_poison = marked(args.train_poison_from, args.train_poison_count)
-    data = rows(args.rows, args.seed, poison, train_poison)
+    marks = {
+        POISON: marked(args.poison_from, args.poison_count),
+        DOC_SEP: marked(args.train_poison_from, args.train_poison_count),
+        BAD_SAMPLE: marked(args.train_raise_from, 1),
+        SLOW_TOOL: marked(args.slow_tool_from, args.slow_tool_count),
+        NO_SCORE: marked(args.no_score_from, 4),
+    }
+    data = rows(args.rows, args.seed, marks)
     dataset = write_dataset(args.out, data)
     texts = [r["question"] + "\n" + r["answer"] for r in data] + [CHAT_TEMPLATE]
     model = args.out / "tiny-qwen2"

@@ -10,7 +10,9 @@ it, and its peers wait in FSDP's all-gather. The dumped batch holds the sample, 
 hangs the same way.
 
 ``make_tiny.py`` copies this file beside the weights; rows made with ``--train-poison-from``
-hold the separator.
+hold the separator. Rows made with ``--train-raise-from`` hold another marker the model refuses
+with an exception: the DP rank that gets such a sample leaves AReaL's training loop early (AReaL
+issue #684's shape) while its peers go on.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ class TinyQwen2ForCausalLM(Qwen2ForCausalLM):
     """Qwen2 with document-restarting position ids."""
 
     def forward(self, input_ids=None, position_ids=None, **kwargs):
+        refused = getattr(self.config, "bad_sample_token_id", None)
+        if input_ids is not None and refused is not None and bool((input_ids == refused).any()):
+            raise ValueError("the tiny model cannot take a sample with <|bad_sample|>")
         sep = getattr(self.config, "doc_sep_token_id", None)
         if input_ids is not None and sep is not None:
             position_ids = restart_positions(input_ids, position_ids, sep)

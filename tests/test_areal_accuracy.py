@@ -1,0 +1,137 @@
+"""What real AReaL hangs must be called, on the CPU harness (``tests/test_areal.py``): an early
+exit from the training loop on one rank, a controller exception, a reward function that never
+returns, a slow phase that would have recovered, and the one staleness trap the preflight
+refuses, run to show that it hangs (and a small capacity it no longer refuses, to show that it
+trains)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from recording import record_evidence
+from test_areal import AREAL, needs_areal, needs_root, run_areal
+
+from conftest import Launcher
+
+pytestmark = [needs_areal, needs_root, pytest.mark.slow]
+
+
+def make_harness(root: Path, *marks: str) -> Path:
+    """The tiny model and GSM8K rows, some marked (``harness/make_tiny.py``)."""
+    make = [sys.executable, str(AREAL / "harness" / "make_tiny.py"), str(root), *marks]
+    subprocess.run(make, check=True, capture_output=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def harnesses(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One harness per scenario, made once."""
+    base = tmp_path_factory.mktemp("accuracy-harness")
+    return {
+        "raise": make_harness(base / "raise", "--train-raise-from", "2"),
+        "plain": make_harness(base / "plain"),
+        "no_score": make_harness(base / "no_score", "--no-score-from", "4"),
+        "slow_tool": make_harness(base / "slow", "--slow-tool-from", "0", "--slow-tool-count", "6"),
+    }
+
+
+def test_an_early_exit_on_one_rank_is_a_cleanup_deadlock_of_that_rank(
+    launcher: Launcher, harnesses: dict[str, Path]
+) -> None:
+    """AReaL #684's shape, SPMD on two FSDP ranks: the rank that gets the sample the model
+    refuses leaves train() through PPOTrainer.__exit__ -> close -> FSDPEngine.destroy and waits
+    in its barrier, while its peer goes on into FSDP's all-gather."""
+    result = run_areal(
+        launcher, harnesses["raise"], "early",
+        ["launch.mode=spmd", "actor.backend=fsdp:d2", "+actor.ppo_n_minibatches=2",
+         "total_train_steps=3"],
+    )  # fmt: skip
+    assert result.returncode == 3, result.output[-4000:]
+    (report,) = result.reports
+    assert report["category"] == "cleanup_deadlock", report["summary"]
+    (culprit,) = report["culprit_ranks"]
+    assert "FSDPEngine.destroy" in report["summary"]
+    assert "still in ordinary code" not in report["summary"]
+    record_evidence(report, f"cleanup_deadlock_w2_r{culprit}--areal-early-exit")
+
+
+def test_a_controller_exception_is_the_summary(
+    launcher: Launcher, harnesses: dict[str, Path]
+) -> None:
+    """More PPO minibatches than samples: AReaL's controller raises EngineCallError from
+    ppo_update; its teardown then ends the actor worker."""
+    result = run_areal(
+        launcher, harnesses["plain"], "ctrl", ["+actor.ppo_n_minibatches=8", "total_train_steps=2"]
+    )
+    assert result.returncode == 1, result.output[-4000:]
+    (report,) = result.reports
+    assert report["category"] == "rank_crashed" and report["culprit_ranks"] == []
+    (culprit,) = report["culprit_workers"]
+    assert culprit["role"] == "controller"
+    summary = report["summary"]
+    assert summary.startswith("The controller failed: raised EngineCallError at ")
+    assert "examples/areal/gsm8k_rl.py:" in summary
+    assert "'ppo_update'" in summary and "is smaller than min_groups 8" in summary
+    record_evidence(report, "rank_crashed_w1_r--areal-controller-exception")
+
+
+def test_a_reward_function_that_never_returns_is_named_with_its_pool_process(
+    launcher: Launcher, harnesses: dict[str, Path]
+) -> None:
+    """AReaL runs the reward in a process pool (a child of the rollout worker) with a timeout,
+    after which the sample silently scores 0: the report names the reward function, the pool
+    process and what happens to the rewards."""
+    result = run_areal(
+        launcher, harnesses["no_score"], "reward",
+        ["+launch.env.AREAL_EXAMPLE_REWARD_FN=rewards.gsm8k_or_never"],
+    )  # fmt: skip
+    assert result.returncode == 3, result.output[-4000:]
+    (report,) = result.reports
+    assert (report["category"], report["cause"]) == ("rollout_stalled", "reward_stuck")
+    (culprit,) = report["culprit_workers"]
+    helpers = [w for w in report["workers"] if w["role"] == "helper"]
+    assert culprit["role"] == "helper" and culprit["pid"] in {h["pid"] for h in helpers}
+    summary = report["summary"]
+    assert "wait for the reward function gsm8k_or_never(), stuck at" in summary
+    assert "examples/areal/rewards.py:" in summary and "a child of rollout 0" in summary
+    assert "rewards are silently falling back to 0" in summary
+    assert report["confirmation"]["confirmed"] is True
+    record_evidence(report, "reward_stuck--areal-single-controller", "rollout")
+
+
+def test_a_slow_phase_the_job_has_seen_before_is_no_hang_and_a_small_capacity_trains(
+    launcher: Launcher, harnesses: dict[str, Path]
+) -> None:
+    """Every episode of steps 1-3 waits on a tool for 18 s, 1.5x the stall threshold: AReaL's
+    own timings of step 1 (timeperf/rollout) teach the watchdog how long a step takes, and
+    on_hang=cancel leaves the job alone. The same run holds 1 concurrent rollout among 2
+    rollout workers, which the preflight once refused: each worker gets at least 1."""
+    result = run_areal(
+        launcher, harnesses["slow_tool"], "slow",
+        ["rollout.backend=sglang:d2", "rollout.max_concurrent_rollouts=1", "total_train_steps=3",
+         "+launch.env.AREAL_EXAMPLE_SLOW_TOOL_S=18"],
+    )  # fmt: skip
+    assert result.returncode == 0, result.output[-4000:]  # not refused (2), not cancelled (3)
+    assert "steps of this job take up to" in result.output and "rollout" in result.output
+    assert result.reports == []
+    assert "job completed (last step 3)" in result.output
+
+
+def test_the_staleness_trap_the_preflight_refuses_really_hangs(
+    launcher: Launcher, harnesses: dict[str, Path]
+) -> None:
+    """A negative max_head_offpolicyness: refused (one line, the fix); launched anyway, no
+    rollout ever starts and the watchdog calls it staleness_blocked."""
+    trap = ["rollout.max_head_offpolicyness=-1", "watchdog.startup_timeout=45"]
+    refused = run_areal(launcher, harnesses["plain"], "stale", trap)
+    assert refused.returncode == 2, refused.output[-2000:]
+    assert "rollout.max_head_offpolicyness: -1 is negative" in refused.output
+    (launcher.root / "harness").unlink()
+    result = run_areal(launcher, harnesses["plain"], "stale", [*trap, "--ignore-preflight"])
+    assert result.returncode == 3, result.output[-4000:]
+    (report,) = result.reports
+    assert (report["category"], report["cause"]) == ("rollout_stalled", "staleness_blocked")
+    record_evidence(report, "staleness_blocked--areal-negative-offpolicyness", "rollout")
