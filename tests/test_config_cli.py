@@ -28,7 +28,11 @@ watchdog: {stall_timeout: 30, on_hang: report}
 """
 
 
-SINK = "{type: webhook, url_env: HOOK_URL"  # the start of a sink entry, closed by each case
+SINK = "{type: webhook, url_env: HOOK_URL"
+# Nine levels of nine aliases: 9**9 values once expanded, a few hundred bytes on disk.
+BILLION_LAUGHS = b"a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + b"".join(
+    f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n".encode() for i in range(1, 9)
+)  # the start of a sink entry, closed by each case
 
 
 @pytest.fixture
@@ -123,6 +127,8 @@ def test_bad_values_name_key_and_file(
         (b"a: " + b"[" * 2000 + b"]" * 2000 + b"\n", "nested too deeply"),
         (b"watchdog: {stall_timeout: 2026-11-22}\n", "`watchdog.stall_timeout`: is a date (2026"),
         (b"x: {y: [1, !!binary aGVsbG8=]}\n", "`x.y[1]`: is a bytes"),
+        (BILLION_LAUGHS, "expands to over 100,000 values through its aliases"),
+        (b"launch: {entrypoint: x.py}\nfoo: ${nope.missing}\n", "Interpolation key 'nope.missing'"),
         (b"watchdog: {debug_env: {null: 1}}\n", "`watchdog.debug_env`: holds a key that is null"),
     ],
 )
@@ -312,3 +318,20 @@ def test_a_read_only_fileroot_is_one_line_even_for_root(config_file: Path, tmp_p
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"`cluster.fileroot`: {frozen} is not writable by this user" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_secret_of_launch_env_never_reaches_the_run_directory(config_file: Path) -> None:
+    """launch_config.yaml keeps the whole config for replay, but not the value of a
+    secret-looking launch.env variable (nor one that looks like a token)."""
+    from areal_watchdog.launch.local import LocalBackend
+
+    overrides = [
+        "+launch.env.WANDB_API_KEY=wandb-secret-4242",
+        "+launch.env.HELPER_URL=https://bot:hunter2pass@example.org/x",
+        "+launch.env.PLAIN=visible",
+    ]
+    plan = LocalBackend().plan(load_config(config_file, overrides), watchdog=True)
+    stored = next(text for path, text in plan.files.items() if path.endswith("launch_config.yaml"))
+    assert "wandb-secret-4242" not in stored and "hunter2pass" not in stored
+    assert "WANDB_API_KEY: '[REDACTED]'" in stored and "PLAIN: visible" in stored
+    assert plan.main().env["WANDB_API_KEY"] == "wandb-secret-4242"  # the job still gets it
