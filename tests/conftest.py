@@ -140,6 +140,24 @@ class Launcher:
         return leftovers
 
 
+AREAL2_PYTHON = REPO / ".venv-areal2" / "bin" / "python"
+HOW_TO_GET_AREAL2 = (
+    "AReaL 2.0.0 is not installed beside 1.0.4: put its wheel at "
+    "../shared/vendor/areal-2.0.0-py3-none-any.whl and run bash scripts/setup.sh --areal, or "
+    "install AReaL from a clone (uv sync) and areal-watchdog into that environment (docs/areal.md)"
+)
+
+
+@pytest.fixture(params=["1.0.4", "2.0.0"])
+def areal(request: pytest.FixtureRequest) -> str:
+    """The interpreter of the AReaL release under test (its ``launch.python``)."""
+    if request.param == "1.0.4":
+        return sys.executable
+    if not AREAL2_PYTHON.exists():
+        pytest.skip(HOW_TO_GET_AREAL2)
+    return str(AREAL2_PYTHON)
+
+
 @pytest.fixture
 def launcher(tmp_path: Path) -> Iterator[Launcher]:
     """A Launcher whose processes are all gone after the test, passed or failed."""

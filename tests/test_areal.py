@@ -1,4 +1,6 @@
-"""The real AReaL package (1.0.4) launched by ``areal-launch``, on a CPU, in both of its modes.
+"""The real AReaL package launched by ``areal-launch``, on a CPU, in both of its modes, each
+test against both releases users run (``areal``: 1.0.4 from PyPI in ``.venv``; 2.0.0, built from
+its ``v2.0.0`` tag, in ``.venv-areal2``: ``scripts/setup.sh --areal``; docs/areal.md).
 
 What runs for real: AReaL's GRPO trainer (``PPOTrainer``) with its local scheduler, ``rpc_server``
 workers, FSDP engine on gloo, ``RemoteSGLangEngine`` client, workflow executor, staleness
@@ -87,12 +89,18 @@ def train_harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_areal(
-    launcher: Launcher, harness: Path, trial: str, overrides: list[str], **kwargs: object
-) -> LaunchResult:
-    """``areal-launch --watchdog local examples/areal/gsm8k_grpo.yaml`` in a loopback netns."""
-    (launcher.root / "harness").symlink_to(harness)
+    launcher: Launcher, harness: Path, trial: str, overrides: list[str], python: str,
+    **kwargs: object,
+) -> LaunchResult:  # fmt: skip
+    """``areal-launch --watchdog local examples/areal/gsm8k_grpo.yaml`` in a loopback netns,
+    the job run by ``python`` (the AReaL release under test)."""
+    link = launcher.root / "harness"
+    if link.is_symlink():
+        link.unlink()
+    link.symlink_to(harness)
     kwargs.setdefault("prefix", LOOPBACK)
-    return launcher.run([*FAST, *overrides], trial=trial, config=CONFIG, timeout=420, **kwargs)
+    overrides = [*FAST, f"++launch.python={python}", *overrides]
+    return launcher.run(overrides, trial=trial, config=CONFIG, timeout=420, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -119,9 +127,11 @@ def loopback_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[l
 
 
 class RoleWatch:
-    """The roles of every process of any AReaL job seen while the block runs (sampled)."""
+    """The roles of every process of the AReaL jobs under ``root`` seen while the block runs
+    (sampled): tests running side by side see only their own."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: Path) -> None:
+        self.root = str(root)
         self.roles: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -139,10 +149,12 @@ class RoleWatch:
             for proc in psutil.process_iter():
                 try:
                     env = proc.environ()
+                    if not env.get("AREAL_WATCHDOG_DIR", "").startswith(self.root):
+                        continue
                     who = identify(proc.cmdline(), env, env.get("AREAL_WATCHDOG_JOB_CONFIG", ""))
                 except (psutil.Error, OSError):
                     continue
-                if who is not None and "AREAL_WATCHDOG_RUN_ID" in env:
+                if who is not None:
                     self.roles.add(who.role)
 
 
@@ -165,7 +177,7 @@ def replay_watched(
 ) -> tuple[subprocess.CompletedProcess, RoleWatch]:
     """``areal-launch replay RUN_DIR STEPS...`` in a loopback netns, ended with ``code``, and
     the roles of every process of an AReaL job seen meanwhile."""
-    with RoleWatch() as seen:
+    with RoleWatch(run_dir.parent) as seen:
         replayed = subprocess.run(
             [*LOOPBACK, sys.executable, "-m", "areal_watchdog.cli", "replay", str(run_dir),
              *steps],
@@ -185,10 +197,12 @@ def by_role(report: dict) -> dict[str, list[dict]]:
 @needs_areal
 @needs_root
 @pytest.mark.slow
-def test_single_controller_hang_names_the_rollout_worker(launcher: Launcher, harness: Path) -> None:
+def test_single_controller_hang_names_the_rollout_worker(
+    launcher: Launcher, harness: Path, areal: str
+) -> None:
     """AReaL 1.0's recommended mode: one controller, workers started by AReaL's scheduler. At
     step 5 the poisoned rows' tool never returns; the controller waits in prepare_batch."""
-    result = run_areal(launcher, harness, "sc", [])
+    result = run_areal(launcher, harness, "sc", python=areal, overrides=[])
     assert result.returncode == 3, result.output[-4000:]
     assert "first step seen: step 1" in result.output
     (report,) = result.reports
@@ -236,7 +250,7 @@ def test_single_controller_hang_names_the_rollout_worker(launcher: Launcher, har
 @needs_root
 @pytest.mark.slow
 def test_training_side_hang_is_named_and_its_replay_hangs_the_same_way(
-    launcher: Launcher, train_harness: Path
+    launcher: Launcher, train_harness: Path, areal: str
 ) -> None:
     """A data-dependent hang in the trainer: at global step 2 one DP rank spins in the model's
     own code over a sample, its peer waits in FSDP's all-gather. The dumped step replays from
@@ -244,7 +258,9 @@ def test_training_side_hang_is_named_and_its_replay_hangs_the_same_way(
     replay's report says the same; the original run's checkpoint is left as it was."""
     two_ranks = ["actor.backend=fsdp:d2", "+actor.ppo_n_minibatches=2"]
     recover = ["recover.mode=auto", "+recover.freq_steps=1"]
-    result = run_areal(launcher, train_harness, "th", [*two_ranks, *recover])
+    result = run_areal(
+        launcher, train_harness, "th", python=areal, overrides=[*two_ranks, *recover]
+    )
     assert result.returncode == 3, result.output[-4000:]
     (report,) = result.reports
     assert (report["category"], report["last_step"]) == ("straggler", 2)
@@ -283,11 +299,15 @@ def test_training_side_hang_is_named_and_its_replay_hangs_the_same_way(
 @needs_areal
 @needs_root
 @pytest.mark.slow
-def test_spmd_wedged_server_is_named(launcher: Launcher, harness: Path) -> None:
+def test_spmd_wedged_server_is_named(launcher: Launcher, harness: Path, areal: str) -> None:
     """AReaL's SPMD mode: its own server launcher first, name_resolve, then torchrun. The
     inference server stops answering after its 6th request: rank 0 waits for rollouts."""
     result = run_areal(
-        launcher, harness, "spmd", ["launch.mode=spmd", "+launch.env.AREAL_STANDIN_WEDGE_AFTER=6"]
+        launcher,
+        harness,
+        "spmd",
+        python=areal,
+        overrides=["launch.mode=spmd", "+launch.env.AREAL_STANDIN_WEDGE_AFTER=6"],
     )
     assert result.returncode == 3, result.output[-4000:]
     assert "AREAL_LLM_SERVER_ADDRS=127.0.0.1:" in result.output
@@ -307,12 +327,18 @@ def test_spmd_wedged_server_is_named(launcher: Launcher, harness: Path) -> None:
 @needs_root
 @pytest.mark.slow
 def test_spmd_dumps_from_the_ranks_and_replays_without_servers(
-    launcher: Launcher, harness: Path
+    launcher: Launcher, harness: Path, areal: str
 ) -> None:
     """A healthy SPMD run dumps each step from its data-parallel head, with no edit of the
     script; the replay of a step starts torchrun alone: no server launcher, no inference
     server, no wait for name_resolve."""
-    result = run_areal(launcher, harness, "spmdok", ["launch.mode=spmd", "total_train_steps=2"])
+    result = run_areal(
+        launcher,
+        harness,
+        "spmdok",
+        python=areal,
+        overrides=["launch.mode=spmd", "total_train_steps=2"],
+    )
     assert result.returncode == 0, result.output[-4000:]
     dumps = sorted(p.name for p in (result.run_dir / "debug_trajectories").glob("*.pt"))
     assert dumps == ["step_000000_dp_0.pt", "step_000001_dp_0.pt"]
@@ -329,7 +355,7 @@ def test_spmd_dumps_from_the_ranks_and_replays_without_servers(
 @needs_root
 @pytest.mark.slurm
 def test_single_controller_on_slurm_one_report_across_nodes(
-    launcher: Launcher, harness: Path, loopback_slurm: tuple[list[str], dict]
+    launcher: Launcher, harness: Path, areal: str, loopback_slurm: tuple[list[str], dict]
 ) -> None:
     """The controller here, AReaL's Slurm scheduler submits the actor job to node1 and the
     rollout job to node2 (through the singularity stand-in); every task starts a standby
@@ -340,7 +366,8 @@ def test_single_controller_on_slurm_one_report_across_nodes(
         launcher,
         harness,
         "onslurm",
-        [f"actor.scheduling_spec=[{SPEC}, nodelist: node1}}]",
+        python=areal,
+        overrides=[f"actor.scheduling_spec=[{SPEC}, nodelist: node1}}]",
          f"rollout.scheduling_spec=[{SPEC}, nodelist: node2}}]"],
         backend="slurm",
         prefix=enter,
@@ -365,15 +392,15 @@ def test_single_controller_on_slurm_one_report_across_nodes(
 @needs_root
 @pytest.mark.slurm
 def test_spmd_on_slurm_servers_and_trainer_in_one_job(
-    launcher: Launcher, harness: Path, loopback_slurm: tuple[list[str], dict]
+    launcher: Launcher, harness: Path, areal: str, loopback_slurm: tuple[list[str], dict]
 ) -> None:
     """SPMD on Slurm in one job: node1 runs AReaL's server launcher, node2 waits for the
     registration, then torchrun. The server wedges; the report names it on node1."""
     enter, env = loopback_slurm
     result = run_areal(
-        launcher, harness, "spmdslurm",
-        ["launch.mode=spmd", "cluster.n_nodes=2", "+launch.env.AREAL_STANDIN_WEDGE_AFTER=6",
-         "+launch.slurm.mem=3G", "--wait"],
+        launcher, harness, "spmdslurm", python=areal,
+        overrides=["launch.mode=spmd", "cluster.n_nodes=2",
+                   "+launch.env.AREAL_STANDIN_WEDGE_AFTER=6", "+launch.slurm.mem=3G", "--wait"],
         backend="slurm", prefix=enter, env=env,
     )  # fmt: skip
     assert result.returncode == 3, result.output[-4000:]
@@ -412,12 +439,13 @@ def test_areal_jobs_are_cancelled_by_name(loopback_slurm: tuple[list[str], dict]
 @needs_root
 @pytest.mark.slow
 def test_nothing_of_an_areal_run_outlives_a_killed_launcher(
-    launcher: Launcher, harness: Path
+    launcher: Launcher, harness: Path, areal: str
 ) -> None:
     """``kill -9 areal-launch``: AReaL's workers are the controller's children, not ours, and
     outlive it; the sidecar, whose launcher is gone, ends every process of the run."""
     (launcher.root / "harness").symlink_to(harness)
-    proc, _ = launcher.start([*FAST], trial="orphan", config=CONFIG, prefix=LOOPBACK)
+    overrides = [*FAST, f"++launch.python={areal}"]
+    proc, _ = launcher.start(overrides, trial="orphan", config=CONFIG, prefix=LOOPBACK)
     wait_for(proc, "first step seen", timeout=300)
     assert len(processes_under(launcher.root)) >= 5  # controller, workers, server, sidecar
     os.kill(proc.pid, signal.SIGKILL)
@@ -507,7 +535,10 @@ def test_the_trajectory_hook_leaves_an_unknown_trainer_alone(
     assert err.count("\n") == 1
     assert "trajectory dumping off, training goes on: PPOTrainer.train no longer calls" in err
     assert areal_trajectory.mismatch(PPOTrainer, "1.0.4") is None
-    assert "AReaL 1.1.0 is untested" in areal_trajectory.mismatch(PPOTrainer, "1.1.0")
+    assert areal_trajectory.mismatch(PPOTrainer, "2.0.0") is None
+    assert "AReaL 3.1.0 is not one areal-watchdog knows" in areal_trajectory.mismatch(
+        PPOTrainer, "3.1.0"
+    )
 
 
 def test_planning_an_areal_launch_leaves_the_config_as_written(tmp_path: Path) -> None:

@@ -39,13 +39,13 @@ def harnesses(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_an_early_exit_on_one_rank_is_a_cleanup_deadlock_of_that_rank(
-    launcher: Launcher, harnesses: dict[str, Path]
+    launcher: Launcher, harnesses: dict[str, Path], areal: str
 ) -> None:
     """AReaL #684's shape, SPMD on two FSDP ranks: the rank that gets the sample the model
     refuses leaves train() through PPOTrainer.__exit__ -> close -> FSDPEngine.destroy and waits
     in its barrier, while its peer goes on into FSDP's all-gather."""
     result = run_areal(
-        launcher, harnesses["raise"], "early",
+        launcher, harnesses["raise"], "early", python=areal, overrides=
         ["launch.mode=spmd", "actor.backend=fsdp:d2", "+actor.ppo_n_minibatches=2",
          "total_train_steps=3"],
     )  # fmt: skip
@@ -59,12 +59,16 @@ def test_an_early_exit_on_one_rank_is_a_cleanup_deadlock_of_that_rank(
 
 
 def test_a_controller_exception_is_the_summary(
-    launcher: Launcher, harnesses: dict[str, Path]
+    launcher: Launcher, harnesses: dict[str, Path], areal: str
 ) -> None:
     """More PPO minibatches than samples: AReaL's controller raises EngineCallError from
     ppo_update; its teardown then ends the actor worker."""
     result = run_areal(
-        launcher, harnesses["plain"], "ctrl", ["+actor.ppo_n_minibatches=8", "total_train_steps=2"]
+        launcher,
+        harnesses["plain"],
+        "ctrl",
+        python=areal,
+        overrides=["+actor.ppo_n_minibatches=8", "total_train_steps=2"],
     )
     assert result.returncode == 1, result.output[-4000:]
     (report,) = result.reports
@@ -79,13 +83,13 @@ def test_a_controller_exception_is_the_summary(
 
 
 def test_a_reward_function_that_never_returns_is_named_with_its_pool_process(
-    launcher: Launcher, harnesses: dict[str, Path]
+    launcher: Launcher, harnesses: dict[str, Path], areal: str
 ) -> None:
     """AReaL runs the reward in a process pool (a child of the rollout worker) with a timeout,
     after which the sample silently scores 0: the report names the reward function, the pool
     process and what happens to the rewards."""
     result = run_areal(
-        launcher, harnesses["no_score"], "reward",
+        launcher, harnesses["no_score"], "reward", python=areal, overrides=
         ["+launch.env.AREAL_EXAMPLE_REWARD_FN=rewards.gsm8k_or_never"],
     )  # fmt: skip
     assert result.returncode == 3, result.output[-4000:]
@@ -103,14 +107,14 @@ def test_a_reward_function_that_never_returns_is_named_with_its_pool_process(
 
 
 def test_a_slow_phase_the_job_has_seen_before_is_no_hang_and_a_small_capacity_trains(
-    launcher: Launcher, harnesses: dict[str, Path]
+    launcher: Launcher, harnesses: dict[str, Path], areal: str
 ) -> None:
     """Every episode of steps 1-3 waits on a tool for 18 s, 1.5x the stall threshold: AReaL's
     own timings of step 1 (timeperf/rollout) teach the watchdog how long a step takes, and
     on_hang=cancel leaves the job alone. The same run holds 1 concurrent rollout among 2
     rollout workers, which the preflight once refused: each worker gets at least 1."""
     result = run_areal(
-        launcher, harnesses["slow_tool"], "slow",
+        launcher, harnesses["slow_tool"], "slow", python=areal, overrides=
         ["rollout.backend=sglang:d2", "rollout.max_concurrent_rollouts=1", "total_train_steps=3",
          "+launch.env.AREAL_EXAMPLE_SLOW_TOOL_S=18"],
     )  # fmt: skip
@@ -121,16 +125,17 @@ def test_a_slow_phase_the_job_has_seen_before_is_no_hang_and_a_small_capacity_tr
 
 
 def test_the_staleness_trap_the_preflight_refuses_really_hangs(
-    launcher: Launcher, harnesses: dict[str, Path]
+    launcher: Launcher, harnesses: dict[str, Path], areal: str
 ) -> None:
     """A negative max_head_offpolicyness: refused (one line, the fix); launched anyway, no
     rollout ever starts and the watchdog calls it staleness_blocked."""
-    trap = ["rollout.max_head_offpolicyness=-1", "watchdog.startup_timeout=45"]
-    refused = run_areal(launcher, harnesses["plain"], "stale", trap)
+    trap = ["rollout.max_head_offpolicyness=-1", "watchdog.startup_timeout=100"]
+    refused = run_areal(launcher, harnesses["plain"], "stale", python=areal, overrides=trap)
     assert refused.returncode == 2, refused.output[-2000:]
     assert "rollout.max_head_offpolicyness: -1 is negative" in refused.output
-    (launcher.root / "harness").unlink()
-    result = run_areal(launcher, harnesses["plain"], "stale", [*trap, "--ignore-preflight"])
+    result = run_areal(
+        launcher, harnesses["plain"], "stale", python=areal, overrides=[*trap, "--ignore-preflight"]
+    )
     assert result.returncode == 3, result.output[-4000:]
     (report,) = result.reports
     assert (report["category"], report["cause"]) == ("rollout_stalled", "staleness_blocked")

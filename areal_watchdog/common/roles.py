@@ -18,11 +18,14 @@ from dataclasses import dataclass
 
 RPC_MODULES = ("areal.infra.rpc.rpc_server", "areal.infra.rpc.guard")
 SERVER_MODULES = (
-    "areal.experimental.inference_service.sglang.launch_server",
+    "areal.experimental.inference_service.sglang.launch_server",  # AReaL 1.0
+    "areal.v2.inference_service.sglang.launch_server",  # AReaL 2.0
     "sglang.launch_server",
     "areal.engine.vllm_ext.areal_vllm_server",
     "vllm.entrypoints.openai.api_server",
+    "vllm.entrypoints.cli.main",  # `vllm serve` as a module
 )
+VLLM_SCRIPT = "vllm"  # `vllm serve ...`, the console script
 SERVER_LAUNCHERS = ("areal.infra.launcher.sglang_server", "areal.infra.launcher.vllm_server")
 DATA_SERVICE = "areal.infra.data_service."
 TORCHRUN = ("torch.distributed.run", "torchrun")
@@ -56,7 +59,7 @@ def identify(argv: list[str], env: dict[str, str], controller_config: str) -> Id
     if module in RPC_MODULES:
         index = _flag(argv, "--worker-index") or env.get("SLURM_PROCID")
         return Identity(_flag(argv, "--role") or "worker", _int(index))
-    if module in SERVER_MODULES:
+    if module in SERVER_MODULES or _vllm_serve(argv):
         return Identity("inference_server", address=_address(argv))
     if module in SERVER_LAUNCHERS:
         return Identity("inference_launcher")
@@ -69,6 +72,10 @@ def identify(argv: list[str], env: dict[str, str], controller_config: str) -> Id
     if python and controller_config and controller_config in argv:
         return Identity("controller")
     return None
+
+
+def _vllm_serve(argv: list[str]) -> bool:
+    return argv[0].rsplit("/", 1)[-1] == VLLM_SCRIPT and "serve" in argv[1:3]
 
 
 def _is_python(exe: str) -> bool:

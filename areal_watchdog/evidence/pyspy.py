@@ -7,6 +7,9 @@ already stopped before (by its owner) is left stopped: the watchdog observes, it
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib.metadata
 import json
 import os
 import shutil
@@ -28,11 +31,20 @@ class StackError(Exception):
         self.permission = permission
 
 
+@functools.lru_cache(maxsize=1)
 def pyspy_executable() -> str | None:
-    """py-spy next to this interpreter (the venv's), else on PATH."""
+    """py-spy next to this interpreter (the venv's), else where its package put it (a venv
+    that borrows another's packages, like one for a second AReaL release), else on PATH."""
     beside = Path(sys.executable).with_name("py-spy")
     if beside.exists():
         return str(beside)
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError, TypeError):
+        files = importlib.metadata.distribution("py-spy").files or []
+        for entry in files:
+            if str(entry).endswith("bin/py-spy"):
+                installed = Path(entry.locate()).resolve()
+                if installed.exists():
+                    return str(installed)
     return shutil.which("py-spy")
 
 

@@ -40,11 +40,11 @@ import time
 from types import ModuleType
 from typing import Any
 
+from areal_watchdog.common.areal_version import is_known, unknown_note
 from areal_watchdog.rank.heartbeat import heartbeat
 from areal_watchdog.trajectory.format import ENV_DIR, ENV_REPLAY_DIR
 
 TRAINER_MODULE = "areal.trainer.rl_trainer"
-TESTED_VERSIONS = ("1.0.",)  # AReaL releases whose trainer loop this hook was checked against
 PREPARE_BATCH_PARAMS = ("dataloader", "workflow", "workflow_kwargs", "should_accept_fn")
 INIT_ROLLOUT_PARAMS = ("rollout_config", "is_eval")
 _installed = False
@@ -92,15 +92,17 @@ def warn(reason: str) -> None:
 
 
 def mismatch(trainer: Any, version: str) -> str | None:
-    """Why the hook must not touch this AReaL (None: it may)."""
-    if not version.startswith(TESTED_VERSIONS):
-        return f"AReaL {version} is untested (tested: {', '.join(TESTED_VERSIONS)}x)"
+    """Why the hook must not touch this AReaL (None: it may). The releases whose trainer loop
+    it was checked against are ``areal_version.KNOWN_SERIES`` (1.0 and 2.0 share the loop,
+    ``prepare_batch``, ``_init_rollout``, ``RTensor.localize`` and the recover path it uses)."""
+    if not is_known(version):
+        return unknown_note(version, "its trainer loop is unchecked")
     code = getattr(getattr(trainer, "train", None), "__code__", None)
     if code is None or "prepare_batch" not in code.co_names:
         return "PPOTrainer.train no longer calls prepare_batch"
     init = getattr(trainer, "_init_rollout", None)
     if init is None or tuple(inspect.signature(init).parameters)[1:3] != INIT_ROLLOUT_PARAMS:
-        return "PPOTrainer._init_rollout is not AReaL 1.0's"
+        return "PPOTrainer._init_rollout is not AReaL 1.0's or 2.0's"
     return None
 
 
@@ -152,7 +154,7 @@ class _Off(Exception):
 def _check_prepare_batch(actor: Any) -> None:
     params = tuple(inspect.signature(type(actor).prepare_batch).parameters)[1:]
     if params[: len(PREPARE_BATCH_PARAMS)] != PREPARE_BATCH_PARAMS:
-        raise _Off(f"{type(actor).__name__}.prepare_batch{params} is not AReaL 1.0's")
+        raise _Off(f"{type(actor).__name__}.prepare_batch{params} is not AReaL 1.0's or 2.0's")
 
 
 class _Dumping:
