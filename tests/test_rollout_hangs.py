@@ -175,3 +175,18 @@ def test_probe_reads_a_paused_server_without_changing_it() -> None:
         proc.wait()
     gone = probe(address, 0.5)
     assert gone["state"] == "unreachable"
+
+
+def test_areal_s_vllm_pause_gate_is_read_from_an_idle_engine_the_job_awaits() -> None:
+    """AReaL's areal_vllm_server holds requests at its HTTP gate, before the engine, and no
+    endpoint says so: the real vLLM evidence without vLLM's own pause flag still reads as
+    paused, with the gate named; a vLLM nobody awaits is not."""
+    data = json.loads((RECORDED / "inference_paused--real-vllm.json").read_text())
+    for server in data["servers"]:
+        server.pop("paused", None)
+    verdict = classify(Evidence.from_dict(data))
+    assert (verdict.category, verdict.cause) == ("rollout_stalled", "inference_paused")
+    assert "AReaL's vLLM pause gate" in verdict.summary and verdict.confidence == 0.7
+    for process in data["ranks"] + data["workers"]:
+        process["tasks"] = []
+    assert classify(Evidence.from_dict(data)).cause != "inference_paused"

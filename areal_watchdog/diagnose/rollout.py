@@ -168,12 +168,25 @@ def _server_paused(evidence: Evidence) -> _Cause | None:
     if not paused:
         return None
     queued = sum(int(s.get("queued") or 0) for s in paused)
+    said = any(s.get("paused") is True for s in paused)
+    held = (
+        f"with {queued} request(s) queued" if queued or not said else "holding the job's requests"
+    )
+    if not queued and not said:
+        held = (
+            "holding the job's requests before its engine, none running and none waiting "
+            "(AReaL's vLLM pause gate: /areal_pause_generation without "
+            "/areal_continue_generation?)"
+        )
+    updating = [s for s in paused if s.get("updating_weights")]
+    if updating:
+        held += f"; a weight update is in flight on {_addresses(updating)}"
     return _Cause(
         "inference_paused",
-        0.9 if any(s.get("paused") is True for s in paused) else 0.7,
+        0.9 if said else 0.7,
         [_server(s) for s in paused],
         f"the inference server {_addresses(paused)} is paused (generation paused for a weight "
-        f"update and never resumed?) with {queued} request(s) queued",
+        f"update and never resumed?) {held}",
     )
 
 
@@ -314,9 +327,17 @@ def _link(link: dict[str, Any]) -> str:
 def _looks_paused(server: dict[str, Any], awaited: set[str]) -> bool:
     if server.get("state") != "up":
         return False
-    if server.get("paused") is True:
+    if server.get("paused") is True or _gated(server, awaited):
         return True
     return bool(server.get("queued")) and not server.get("running") and server["address"] in awaited
+
+
+def _gated(server: dict[str, Any], awaited: set[str]) -> bool:
+    """A vLLM server whose engine holds nothing while the job's tasks await it: AReaL's
+    ``areal_vllm_server`` keeps requests at its HTTP pause gate, before they reach the engine
+    (no endpoint says so: AReaL issue #1160 happened on vLLM)."""
+    idle = not server.get("running") and not server.get("queued")
+    return server.get("engine") == "vllm" and idle and server.get("address") in awaited
 
 
 def _first(process: RankEvidence, test: Any) -> Frame | None:

@@ -1,9 +1,13 @@
-"""Probe the job's inference servers (SGLang's HTTP API): alive, healthy, busy, paused.
+"""Probe the job's inference servers (SGLang's and vLLM's HTTP APIs): alive, healthy, busy,
+paused, updating weights.
 
-Only read-only GET endpoints are used (``/health``, ``/get_server_info``, ``/metrics``), each
-with a short timeout, so a probe never changes a server's state and a wedged server costs at
-most ``timeout`` seconds per endpoint. Addresses come from ``AREAL_LLM_SERVER_ADDRS``, from
-AReaL's name_resolve records or from the processes found; probes run in parallel.
+Only read-only GET endpoints are used, each with a short timeout, so a probe never changes a
+server's state and a wedged server costs at most ``timeout`` seconds per endpoint: ``/health``,
+then SGLang's ``/get_server_info``, then ``/metrics`` (its metric names tell SGLang from vLLM),
+then for vLLM ``/is_paused`` (vLLM 0.32 answers it when started with ``VLLM_SERVER_DEV_MODE=1``;
+AReaL's own pause gate in ``areal_vllm_server`` is not exposed by any endpoint: the rollout rules
+infer it, ``diagnose/rollout.py``). Addresses come from ``AREAL_LLM_SERVER_ADDRS``, from AReaL's
+name_resolve records or from the processes found; probes run in parallel.
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-_METRIC = re.compile(r"^(sglang[:_][a-z_]+)(?:\{[^}]*\})?\s+([-+0-9.eE]+|NaN)\s*$", re.M)
+_METRIC = re.compile(r"^((?:sglang|vllm)[:_][a-z_]+)(?:\{[^}]*\})?\s+([-+0-9.eE]+|NaN)\s*$", re.M)
 _METRICS = {
     "sglang:num_running_reqs": "running",
     "sglang:num_queue_reqs": "queued",
     "sglang:gen_throughput": "gen_throughput",
     "sglang:is_paused": "paused",
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "queued",
+    "vllm:rl_weight_update_operations_in_flight": "updating_weights",  # summed over operations
 }
 
 
@@ -46,6 +53,8 @@ def probe(address: str, timeout: float = 2.0) -> dict[str, Any]:
     result["state"] = "up" if status == 200 else "unhealthy"
     result.update(_server_info(address, timeout))
     result.update(_metrics(address, timeout))
+    if result.get("engine") == "vllm":
+        result.update(_vllm_paused(address, timeout))
     return result
 
 
@@ -76,11 +85,28 @@ def _metrics(address: str, timeout: float) -> dict[str, Any]:
         return {}
     found: dict[str, Any] = {}
     for name, value in _METRIC.findall(body[:200_000]):
-        key = _METRICS.get(name.replace("_", ":", 1) if name.startswith("sglang_") else name)
+        name = name if ":" in name else name.replace("_", ":", 1)
+        found.setdefault("engine", name.split(":", 1)[0])
+        key = _METRICS.get(name)
         if key and value != "NaN":
             number = float(value)
-            found[key] = bool(number) if key == "paused" else number
+            if key == "paused":
+                found[key] = bool(number)
+            else:  # a metric with several label sets (vLLM's per operation) adds up
+                found[key] = found.get(key, 0.0) + number
     return found
+
+
+def _vllm_paused(address: str, timeout: float) -> dict[str, Any]:
+    """vLLM's own pause state (``GET /is_paused``, dev mode); nothing when it is not served."""
+    status, body, _ = _get(address, "/is_paused", timeout)
+    if status != 200:
+        return {}
+    try:
+        paused = json.loads(body).get("is_paused")
+    except (ValueError, AttributeError):
+        return {}
+    return {"paused": paused} if isinstance(paused, bool) else {}
 
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy

@@ -24,7 +24,10 @@ from areal_watchdog.evidence.model import EXITED, Evidence, RankEvidence
 from areal_watchdog.watch.triggers import Trigger
 
 SCHEMA_VERSION = 4
-SERVER_FIELDS = ("address", "state", "health_s", "running", "queued", "gen_throughput", "paused")
+SERVER_FIELDS = (
+    "address", "state", "engine", "health_s", "running", "queued", "gen_throughput", "paused",
+    "updating_weights",
+)  # fmt: skip
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 
 

@@ -2,8 +2,9 @@
 
 There is no CPU build of SGLang here, so tests and demos run this instead. It speaks the same
 protocol as SGLang's HTTP server for every endpoint AReaL's ``RemoteSGLangEngine`` calls (read in
-AReaL 1.0.4: ``areal/engine/sglang_remote.py``, ``areal/infra/remote_inf_engine.py``), plus the
-ones our probes read, and it only ever listens on a loopback address:
+AReaL 1.0.4 and 2.0.0: ``areal/engine/sglang_remote.py``, ``areal/infra/remote_inf_engine.py``;
+2.0 launches it as ``areal.v2.inference_service.sglang.launch_server``), plus the ones our
+probes read, and it only ever listens on a loopback address:
 
 - ``GET /health``, ``/health_generate``, ``/v1/models``, ``/get_model_info``,
   ``/get_server_info``, ``/metrics`` (Prometheus text: ``sglang:num_running_reqs``,
@@ -11,12 +12,13 @@ ones our probes read, and it only ever listens on a loopback address:
 - ``POST /generate`` (``input_ids``, ``sampling_params`` with ``max_new_tokens``,
   ``temperature``, ``top_p``, ``top_k``, ``stop_token_ids``, ``ignore_eos``; answers
   ``output_ids`` and ``meta_info`` with ``output_token_logprobs`` ``[[logprob, id, None], ...]``
-  and ``finish_reason`` ``stop``/``length``/``abort``);
+  and ``finish_reason`` ``stop``/``length``/``abort``; with ``logprob_start_len``, as AReaL 2.0
+  scores a sequence, also ``input_token_logprobs`` for the prompt from that position);
 - ``POST /pause_generation`` (as SGLang's default mode: running requests return at once with
   ``abort`` and their partial output, new ones wait), ``/continue_generation``,
   ``/update_weights_from_disk`` (``model_path``: loaded before the answer, as AReaL deletes the
   folder right after), ``/flush_cache``, ``/release_memory_occupation``,
-  ``/resume_memory_occupation``.
+  ``/resume_memory_occupation``, ``/unload_lora_adapter`` (2.0, best effort: no LoRA here).
 
 With ``--model-path`` tokens are sampled from a real causal LM (``transformers``, CPU), so the
 trainer learns from real log-probabilities; without it they come from a seeded generator.
@@ -38,7 +40,10 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-NO_OP_ENDPOINTS = ("/flush_cache", "/release_memory_occupation", "/resume_memory_occupation")
+NO_OP_ENDPOINTS = (
+    "/flush_cache", "/release_memory_occupation", "/resume_memory_occupation",
+    "/unload_lora_adapter",
+)  # fmt: skip
 
 
 class Sampler:
@@ -264,17 +269,19 @@ class Handler(BaseHTTPRequestHandler):
         s.generated += len(pairs)
         if reason["type"] == "abort" and not pairs:
             reason["message"] = "Abort before prefill"
-        return {
-            "output_ids": [t for t, _ in pairs],
-            "meta_info": {
-                "id": f"req-{rid}",
-                "prompt_tokens": len(prompt),
-                "completion_tokens": len(pairs),
-                "finish_reason": reason,
-                "output_token_logprobs": [[lp, t, None] for t, lp in pairs],
-                "weight_version": s.version,
-            },
+        meta = {
+            "id": f"req-{rid}",
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(pairs),
+            "finish_reason": reason,
+            "output_token_logprobs": [[lp, t, None] for t, lp in pairs],
+            "weight_version": s.version,
         }
+        if body.get("logprob_start_len") is not None:  # AReaL 2.0 scoring a sequence
+            start = max(0, int(body["logprob_start_len"]))
+            scored = enumerate(prompt[start:], start)
+            meta["input_token_logprobs"] = [[None if i == 0 else -1.0, t, None] for i, t in scored]
+        return {"output_ids": [t for t, _ in pairs], "meta_info": meta}
 
 
 def serve(host: str, port: int, model_path: str | None, wedge_after: int | None = None,

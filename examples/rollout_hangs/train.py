@@ -1,8 +1,11 @@
 """An RL training loop with AReaL's rollout shape that can hang on its rollout side, on purpose.
 
 Every rank trains a tiny policy (DDP on gloo) on batches that an async rollout client collects
-from an inference server (``examples/inference_server/sglang_standin.py``, started by local rank
-0 like a rollout worker starts its server). The names follow AReaL's own (``prepare_batch ->
+from an inference server, started by local rank 0 like a rollout worker starts its server:
+``demo.server: sglang`` is the SGLang stand-in (``examples/inference_server/sglang_standin.py``),
+``demo.server: vllm`` a real vLLM (``demo.vllm_python -m vllm.entrypoints.openai.api_server``
+serving ``demo.vllm_model`` on 127.0.0.1, its pause endpoints on: ``VLLM_SERVER_DEV_MODE=1``).
+The names follow AReaL's own (``prepare_batch ->
 active_submit_and_wait -> wait_results`` on the training thread; ``_execute_workflow ->
 arun_episode -> agenerate -> arequest_with_retry`` as coroutines on an ``AsyncTaskRunner``
 thread), so that the watchdog sees what it sees in a real AReaL job. ``demo.hang`` picks:
@@ -37,6 +40,9 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel
 
 STANDIN = Path(__file__).resolve().parents[1] / "inference_server" / "sglang_standin.py"
+# torchrun's variables: a server started by a rank is no rank (vLLM reads some of them)
+TORCH_RUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")  # fmt: skip
 GREEN, RESET = "\x1b[32m", "\x1b[0m"
 
 
@@ -71,9 +77,10 @@ async def _post(addr: str, endpoint: str, payload: dict) -> dict:
 class Workflow:
     """One episode: generate a completion, score it; may fail on purpose."""
 
-    def __init__(self, addr: str, fail_from_version: int | None) -> None:
+    def __init__(self, addr: str, fail_from_version: int | None, vllm_model: str = "") -> None:
         self.addr = addr
         self.fail_from_version = fail_from_version
+        self.vllm_model = vllm_model
 
     async def arun_episode(self, prompt: list[int], version: int) -> dict:
         out = await self.agenerate(prompt)
@@ -82,6 +89,10 @@ class Workflow:
         return {"ids": prompt + out["output_ids"], "reward": float(len(out["output_ids"]) % 3)}
 
     async def agenerate(self, prompt: list[int]) -> dict:
+        if self.vllm_model:  # AReaL's vLLM client: OpenAI completions with token ids
+            payload = {"model": self.vllm_model, "prompt": prompt, "max_tokens": 8}
+            out = await arequest_with_retry(self.addr, "/v1/completions", payload)
+            return {"output_ids": list(out["choices"][0]["text"].encode())}
         payload = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 8}}
         return await arequest_with_retry(self.addr, "/generate", payload)
 
@@ -153,12 +164,22 @@ class WorkflowExecutor:
 
 
 # ------------------------------------------------------------------------ the server side
-def start_server(port: int, hang: str) -> subprocess.Popen:
-    argv = [sys.executable, str(STANDIN), "--port", str(port)]
-    if hang == "inference_wedged":
-        argv += ["--wedge-after", "12"]
-    server = subprocess.Popen(argv)
-    for _ in range(200):
+def start_server(port: int, cfg: dict) -> subprocess.Popen:
+    """The inference server on 127.0.0.1:``port``, once it answers /health."""
+    env = {k: v for k, v in os.environ.items() if k not in TORCH_RUN_ENV}
+    if cfg.get("server") == "vllm":
+        argv = [cfg["vllm_python"], "-m", "vllm.entrypoints.openai.api_server", "--model",
+                cfg["vllm_model"], "--host", "127.0.0.1", "--port", str(port), "--dtype",
+                "float32", "--max-model-len", "256", "--enforce-eager",
+                "--gpu-memory-utilization", "0.1"]  # fmt: skip
+        env.update(VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    else:
+        argv = [sys.executable, str(STANDIN), "--port", str(port)]
+        if cfg["hang"] == "inference_wedged":
+            argv += ["--wedge-after", "12"]
+    server = subprocess.Popen(argv, env=env)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and server.poll() is None:
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
             return server
@@ -176,8 +197,14 @@ def post(addr: str, endpoint: str, body: dict | None = None) -> dict:
     return json.loads(urllib.request.urlopen(request, timeout=30).read() or b"{}")
 
 
-def update_weights_from_disk(addr: str, skip_resume: bool) -> None:
-    """AReaL's disk weight update: pause generation, load, resume (#1160 forgets to resume)."""
+def update_weights_from_disk(addr: str, skip_resume: bool, vllm: bool) -> None:
+    """AReaL's disk weight update: pause generation, load, resume (#1160 forgets to resume).
+    On vLLM, its own pause and resume (``mode=keep``: requests wait in the engine's queue)."""
+    if vllm:
+        post(addr, "/pause?mode=keep")
+        if not skip_resume:
+            post(addr, "/resume")
+        return
     post(addr, "/pause_generation")
     post(addr, "/update_weights_from_disk", {"model_path": "/tmp/ckpt"})
     if not skip_resume:
@@ -199,7 +226,7 @@ def main() -> None:
     parser.add_argument("--config", required=True)
     cfg = yaml.safe_load(Path(parser.parse_args().config).read_text())["demo"]
     local_rank_0 = os.environ.get("LOCAL_RANK", "0") == "0"
-    server = start_server(int(cfg["server_port"]), cfg["hang"]) if local_rank_0 else None
+    server = start_server(int(cfg["server_port"]), cfg) if local_rank_0 else None
     try:
         train(cfg, server)
     finally:
@@ -216,7 +243,8 @@ def train(cfg: dict, server: subprocess.Popen | None) -> None:
     limit = int(cfg["max_concurrent_rollouts"]) // (world if hang == "staleness_blocked" else 1)
     staleness = StalenessManager(limit, int(cfg["max_head_offpolicyness"]), int(cfg["batch"]))
     fail_from = hang_step if hang == "workflow_failing" else None
-    executor = WorkflowExecutor(Workflow(addr, fail_from), staleness)
+    vllm_model = cfg["vllm_model"] if cfg.get("server") == "vllm" else ""
+    executor = WorkflowExecutor(Workflow(addr, fail_from, vllm_model), staleness)
     model = DistributedDataParallel(torch.nn.Linear(4, 1))
     optim = torch.optim.SGD(model.parameters(), lr=0.01)
     steps = int(cfg["steps"])
@@ -233,7 +261,7 @@ def train(cfg: dict, server: subprocess.Popen | None) -> None:
             if hang == "weight_sync_stuck" and step == hang_step:
                 update_weights_from_distributed(model.module, int(cfg["server_port"]) + 1)
             forget_resume = hang == "inference_paused" and step == hang_step
-            update_weights_from_disk(addr, skip_resume=forget_resume)
+            update_weights_from_disk(addr, skip_resume=forget_resume, vllm=bool(vllm_model))
             print(
                 f"(AReaL) StatsLogger INFO: Epoch 1/1 Step {step}/{steps} "
                 f"{GREEN}Train step {step}/{steps} done.{RESET}",

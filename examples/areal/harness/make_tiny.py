@@ -119,19 +119,21 @@ def make_tokenizer(texts: list[str]):
     )
 
 
-def make_model(tokenizer, path: Path, seed: int) -> None:
-    """A 2-layer Qwen2 with random weights and its own modelling code, saved with its
-    tokenizer."""
+def make_model(tokenizer, path: Path, seed: int, shape: str = "tiny") -> None:
+    """A 2-layer Qwen2 with random weights, saved with its tokenizer; ``tiny`` (hidden 32,
+    head_dim 8) ships its own modelling code, ``vllm`` is a standard Qwen2 whose head_dim (64:
+    hidden 128, 2 heads) vLLM's CPU attention takes (it refuses 16 and below)."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     torch.manual_seed(seed)
+    hidden, heads = (128, 2) if shape == "vllm" else (32, 4)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
         num_hidden_layers=2,
-        num_attention_heads=4,
+        num_attention_heads=heads,
         num_key_value_heads=2,
         max_position_embeddings=512,
         tie_word_embeddings=True,
@@ -142,12 +144,14 @@ def make_model(tokenizer, path: Path, seed: int) -> None:
     )
     model = AutoModelForCausalLM.from_config(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.config.auto_map = {"AutoModelForCausalLM": "modeling_tiny.TinyQwen2ForCausalLM"}
-    model.config.doc_sep_token_id = tokenizer.convert_tokens_to_ids(DOC_SEP)
-    model.config.bad_sample_token_id = tokenizer.convert_tokens_to_ids(BAD_SAMPLE)
+    if shape != "vllm":
+        model.config.auto_map = {"AutoModelForCausalLM": "modeling_tiny.TinyQwen2ForCausalLM"}
+        model.config.doc_sep_token_id = tokenizer.convert_tokens_to_ids(DOC_SEP)
+        model.config.bad_sample_token_id = tokenizer.convert_tokens_to_ids(BAD_SAMPLE)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
-    (path / MODELLING.name).write_text(MODELLING.read_text())
+    if shape != "vllm":
+        (path / MODELLING.name).write_text(MODELLING.read_text())
 
 
 def link_site(root: Path) -> Path:
@@ -181,6 +185,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slow-tool-count", type=int, default=4)
     parser.add_argument("--no-score-from", type=int, default=None)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--shape", choices=("tiny", "vllm"), default="tiny",
+        help="vllm: a standard Qwen2 with head_dim 64, which vLLM's CPU build serves",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     marks = {
         POISON: marked(args.poison_from, args.poison_count),
@@ -193,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     dataset = write_dataset(args.out, data)
     texts = [r["question"] + "\n" + r["answer"] for r in data] + [CHAT_TEMPLATE]
     model = args.out / "tiny-qwen2"
-    make_model(make_tokenizer(texts), model, args.seed)
+    make_model(make_tokenizer(texts), model, args.seed, args.shape)
     site = link_site(args.out)
     print(json.dumps({"model": str(model), "dataset": str(dataset), "site": str(site)}))
 

