@@ -168,10 +168,12 @@ def launcher(tmp_path: Path) -> Iterator[Launcher]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Slurm tests are slow tests too (``-m "not slow"`` skips them)."""
+    """Slurm tests are slow tests too (``-m "not slow"`` skips them), and run one after the
+    other on one pytest-xdist worker: they share the machine's munged and Slurm's ports."""
     for item in items:
         if item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.xdist_group("slurm"))
 
 
 @pytest.fixture(scope="session")
