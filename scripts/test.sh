@@ -5,7 +5,9 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh --areal --vllm
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-# Three workers side by side (pytest-xdist): the real AReaL runs wait far more than they compute
-# (about half a core each, measured), so they overlap with each other and with the rest; the
-# Slurm tests stay together on one worker (conftest.py).
-.venv/bin/python -m pytest -q -ra -n 3 --dist loadgroup "$@"
+# Everything but Slurm on three workers side by side (pytest-xdist): a real AReaL run waits far
+# more than it computes (about half a core, measured), so they overlap with each other and with
+# the rest. Then the Slurm tests, one after the other: they share the machine's munged and
+# Slurm's ports, and an AReaL job on Slurm slowed by two neighbours outlived its time limit.
+.venv/bin/python -m pytest -q -ra -n 3 -m "not slurm" "$@"
+.venv/bin/python -m pytest -q -ra -m slurm "$@"

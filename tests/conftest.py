@@ -167,13 +167,19 @@ def launcher(tmp_path: Path) -> Iterator[Launcher]:
     assert not leftovers, f"processes outlived the test: {leftovers}"
 
 
+SLOW_AREAL_TIMEOUT = 600  # seconds: a real AReaL run (and its replays) beside two others
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Slurm tests are slow tests too (``-m "not slow"`` skips them), and run one after the
-    other on one pytest-xdist worker: they share the machine's munged and Slurm's ports."""
+    """Slurm tests are slow tests too (``-m "not slow"`` skips them); the real AReaL and vLLM
+    runs get a longer time limit than the rest."""
     for item in items:
         if item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.slow)
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+        if item.get_closest_marker("slow") and item.module.__name__.startswith(
+            ("test_areal", "test_vllm")
+        ):
+            item.add_marker(pytest.mark.timeout(SLOW_AREAL_TIMEOUT))
 
 
 @pytest.fixture(scope="session")

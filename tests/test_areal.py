@@ -472,6 +472,17 @@ def test_roles_come_from_the_command_line() -> None:
     assert identify(["python", "-m", "torch.distributed.run", "x.py"], {}, config) == Identity(
         "torchrun"
     )
+    v2_server = ["python3", "-m", "areal.v2.inference_service.sglang.launch_server", "--host",
+                 "127.0.0.1", "--port", "30001"]  # fmt: skip
+    assert identify(v2_server, {}, config) == Identity(
+        "inference_server", address="127.0.0.1:30001"
+    )
+    guard = ["python3", "-m", "areal.infra.rpc.guard", "--role", "rollout", "--worker-index", "1"]
+    assert identify(guard, {}, config) == Identity("guard", 1)
+    gateway = ["python", "-m", "areal.v2.inference_service.gateway", "--port", "9"]
+    assert identify(gateway, {}, config) == Identity("gateway")
+    vllm = ["/v/bin/vllm", "serve", "m", "--host", "127.0.0.1", "--port", "8000"]
+    assert identify(vllm, {}, config) == Identity("inference_server", address="127.0.0.1:8000")
     spawn = ["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()"]
     assert identify(spawn, {}, config) is None
     assert identify(["bash", "-c", "python train.py"], {}, config) is None

@@ -7,7 +7,9 @@ sidecar both call ``identify``, so both agree on every process's role without ta
 
 Roles: ``controller`` (the training script AReaL's scheduler runs in), the worker roles AReaL's
 scheduler names (``actor``, ``critic``, ``ref``, ``rollout``, ``eval-rollout``, ...),
-``inference_server``, ``inference_launcher`` (SPMD's server wrapper), ``data_service``,
+``inference_server``, ``inference_launcher`` (SPMD's server wrapper), ``data_service``, AReaL
+2.0's ``guard`` (the gateway that forks a role's workers) and its ``areal.v2`` services by name
+(``gateway``, ``router``, ``data_proxy``, ...),
 ``rank`` (a torchrun rank), ``torchrun`` (its agent). ``None``: not a part we watch (a shell, a
 ``multiprocessing`` helper, a tool a workflow runs).
 """
@@ -16,7 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RPC_MODULES = ("areal.infra.rpc.rpc_server", "areal.infra.rpc.guard")
+RPC_MODULES = ("areal.infra.rpc.rpc_server",)
+GUARD_MODULE = "areal.infra.rpc.guard"  # AReaL 2.0: the gateway that forks a role's workers
+V2_SERVICES = "areal.v2."  # AReaL 2.0's services: gateway, router, data_proxy, guard, ...
 SERVER_MODULES = (
     "areal.experimental.inference_service.sglang.launch_server",  # AReaL 1.0
     "areal.v2.inference_service.sglang.launch_server",  # AReaL 2.0
@@ -59,10 +63,14 @@ def identify(argv: list[str], env: dict[str, str], controller_config: str) -> Id
     if module in RPC_MODULES:
         index = _flag(argv, "--worker-index") or env.get("SLURM_PROCID")
         return Identity(_flag(argv, "--role") or "worker", _int(index))
+    if module == GUARD_MODULE:
+        return Identity("guard", _int(_flag(argv, "--worker-index")))
     if module in SERVER_MODULES or _vllm_serve(argv):
         return Identity("inference_server", address=_address(argv))
     if module in SERVER_LAUNCHERS:
         return Identity("inference_launcher")
+    if module and module.startswith(V2_SERVICES) and module not in SERVER_MODULES:
+        return Identity(_service(module), _int(_flag(argv, "--worker-index")))
     if module and module.startswith(DATA_SERVICE):
         return Identity("data_service", _int(env.get("SLURM_PROCID")))
     if module in TORCHRUN or any(a.endswith("/torchrun") for a in argv[:2]):
@@ -72,6 +80,12 @@ def identify(argv: list[str], env: dict[str, str], controller_config: str) -> Id
     if python and controller_config and controller_config in argv:
         return Identity("controller")
     return None
+
+
+def _service(module: str) -> str:
+    """``areal.v2.inference_service.gateway.__main__`` -> ``gateway``."""
+    parts = [p for p in module.split(".") if p not in ("__main__", "app", "main")]
+    return parts[-1]
 
 
 def _vllm_serve(argv: list[str]) -> bool:
