@@ -247,14 +247,7 @@ def test_replay_command_errors_are_clear(
 def test_a_tampered_manifest_names_its_file_and_spares_the_other_steps(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], tampered: str
 ) -> None:
-    run = tmp_path / "exp" / "t"
-    (run / "watchdog").mkdir(parents=True)
-    entry = Path(__file__).resolve().parents[1] / "examples" / "rl_demo" / "train.py"
-    (run / "watchdog" / "launch_config.yaml").write_text(
-        f"experiment_name: exp\ntrial_name: t\ncluster: {{fileroot: {tmp_path}}}\n"
-        f"launch: {{entrypoint: {entry}, nproc_per_node: 1}}\nwatchdog: {{enabled: true}}\n"
-    )
-    record(run / "debug_trajectories", range(1, 4), dp_rank=0, dp_size=1)
+    run = tiny_run(tmp_path, steps=range(1, 4))
     manifest = run / "debug_trajectories" / "step_000002_dp_0.manifest.json"
     manifest.write_text(tampered)
     assert main(["replay", str(run), "--step", "2", "--dry-run"]) == 2
@@ -269,8 +262,8 @@ def test_a_tampered_manifest_names_its_file_and_spares_the_other_steps(
     assert "replaying step(s) 3" in capsys.readouterr().out
 
 
-def tiny_run(tmp_path: Path, env: str = "") -> Path:
-    """A run directory as ``areal-launch`` leaves it, with steps 1-2 dumped."""
+def tiny_run(tmp_path: Path, env: str = "", steps: range = range(1, 3)) -> Path:
+    """A run directory as ``areal-launch`` leaves it, with ``steps`` dumped."""
     run = tmp_path / "exp" / "t"
     (run / "watchdog").mkdir(parents=True)
     entry = Path(__file__).resolve().parents[1] / "examples" / "rl_demo" / "train.py"
@@ -278,7 +271,7 @@ def tiny_run(tmp_path: Path, env: str = "") -> Path:
         f"experiment_name: exp\ntrial_name: t\ncluster: {{fileroot: {tmp_path}}}\n"
         f"launch: {{entrypoint: {entry}, nproc_per_node: 1{env}}}\nwatchdog: {{enabled: true}}\n"
     )
-    record(run / "debug_trajectories", range(1, 3), dp_rank=0, dp_size=1)
+    record(run / "debug_trajectories", steps, dp_rank=0, dp_size=1)
     return run
 
 
