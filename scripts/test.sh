@@ -9,5 +9,5 @@ bash scripts/setup.sh --areal --vllm
 # more than it computes (about half a core, measured), so they overlap with each other and with
 # the rest. Then the Slurm tests, one after the other: they share the machine's munged and
 # Slurm's ports, and an AReaL job on Slurm slowed by two neighbours outlived its time limit.
-.venv/bin/python -m pytest -q -ra -n 3 -m "not slurm" "$@"
-.venv/bin/python -m pytest -q -ra -m slurm "$@"
+.venv/bin/python -m pytest -q -ra -n 3 --dist worksteal --durations=30 -m "not slurm" "$@"
+.venv/bin/python -m pytest -q -ra --durations=15 -m slurm "$@"

@@ -22,6 +22,7 @@ import getpass
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -204,7 +205,8 @@ def test_single_controller_hang_names_the_rollout_worker(
     step 5 the poisoned rows' tool never returns; the controller waits in prepare_batch."""
     result = run_areal(launcher, harness, "sc", python=areal, overrides=[])
     assert result.returncode == 3, result.output[-4000:]
-    assert "first step seen: step 1" in result.output
+    # the first poll may come after AReaL's first steps: any of them before the hang
+    assert re.search(r"first step seen: step [1-4]\b", result.output), result.output[-4000:]
     (report,) = result.reports
     assert report["schema_version"] == 4
     assert (report["category"], report["cause"]) == ("rollout_stalled", "workflow_stuck")

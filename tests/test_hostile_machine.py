@@ -4,9 +4,11 @@ reaches the user, a healthy job is never cancelled for our own lost files."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,9 +40,9 @@ def tiny_root(tmp_path: Path) -> Iterator[Path]:
     subprocess.run(["umount", "-l", str(mount)], capture_output=True, check=False)
 
 
-def fill(directory: Path) -> Path:
-    filler = directory / "filler"
-    with open(filler, "wb") as fh:
+def fill(directory: Path, name: str = "filler") -> Path:
+    filler = directory / name
+    with open(filler, "ab") as fh:
         try:
             while True:
                 fh.write(b"\0" * 65536)
@@ -48,6 +50,27 @@ def fill(directory: Path) -> Path:
         except OSError:
             pass
     return filler
+
+
+@contextlib.contextmanager
+def kept_full(directory: Path) -> Iterator[Path]:
+    """Fill ``directory``'s filesystem and keep it full: space that a failed write gives back
+    (its temporary file removed) is taken again at once, as on a disk other jobs fill."""
+    done = threading.Event()
+
+    def refill() -> None:
+        while not done.wait(0.005):
+            with contextlib.suppress(OSError):
+                fill(directory, "refill")
+
+    filler = fill(directory)
+    thread = threading.Thread(target=refill, daemon=True)
+    thread.start()
+    try:
+        yield filler
+    finally:
+        done.set()
+        thread.join()
 
 
 def test_a_full_disk_during_a_hang_still_gives_the_verdict_and_cancels(
@@ -63,14 +86,15 @@ def test_a_full_disk_during_a_hang_still_gives_the_verdict_and_cancels(
         ]
     )
     wait_for(proc, "Train step 3")
-    filler = fill(tiny_root)
-    seen = wait_for(proc, "verdict (report not on disk yet", timeout=60)
-    assert "Traceback" not in seen
-    assert "collective_mismatch, culprit ranks 2" in seen.splitlines()[-1]
-    # on_hang=cancel needs no disk: the job ends while the disk is still full
-    output, _ = proc.communicate(timeout=90)
+    with kept_full(tiny_root) as filler:
+        seen = wait_for(proc, "verdict (report not on disk yet", timeout=60)
+        assert "Traceback" not in seen
+        assert "collective_mismatch, culprit ranks 2" in seen.splitlines()[-1]
+        # on_hang=cancel needs no disk: the job ends while the disk is still full
+        output, _ = proc.communicate(timeout=90)
     assert proc.returncode == 3, output[-3000:]
-    assert "cannot record the cancel" in output and "terminating the job" in output
+    said = seen + output  # the sidecar and the launcher speak in either order
+    assert "cannot record the cancel" in said and "terminating the job" in said, said
     assert filler.exists()
 
 
