@@ -93,8 +93,7 @@ def test_a_full_disk_during_a_hang_still_gives_the_verdict_and_cancels(
         # on_hang=cancel needs no disk: the job ends while the disk is still full
         output, _ = proc.communicate(timeout=90)
     assert proc.returncode == 3, output[-3000:]
-    said = seen + output  # the sidecar and the launcher speak in either order
-    assert "cannot record the cancel" in said and "terminating the job" in said, said
+    assert "terminating the job" in seen + output, seen + output
     assert filler.exists()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from areal_watchdog.watch.second_look import Marks, moved
 from areal_watchdog.watch.triggers import Reported, Say, Snapshot, Trigger, decide, progressed
 
 HEALTHY = Snapshot(
@@ -110,3 +111,13 @@ def test_areal_controller_alone_can_stall() -> None:
 def test_nodes_that_fall_silent_while_the_job_is_cancelled_are_not_lost() -> None:
     cancelling = replace(HEALTHY, silent_nodes=("node2",), ending_on_purpose=True)
     assert Trigger.NODE_SILENT not in triggers(cancelling)
+
+
+def test_a_retry_loop_moves_its_stacks_without_progress() -> None:
+    """Episodes rejected and resubmitted change every stack between the two looks; only a new
+    step says the job moved (a run caught 'stacks changed: not cancelling' and ran forever)."""
+    first = Marks(step=1, functions={7: ("arun_episode", "run_tool")}, tasks={7: frozenset()})
+    second = Marks(step=1, functions={7: ("submit", "put")}, tasks={7: frozenset()})
+    assert moved(first, second) == ["the stacks of pid 7 changed"]
+    assert moved(first, second, steps_only=True) == []
+    assert moved(first, replace(second, step=2), steps_only=True) == ["a new step (2)"]

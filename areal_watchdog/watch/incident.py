@@ -36,7 +36,7 @@ from areal_watchdog.trajectory.format import complete_steps
 from areal_watchdog.watch.coordination import Coordinator
 from areal_watchdog.watch.node import NodeWatch
 from areal_watchdog.watch.progress import StallClock
-from areal_watchdog.watch.second_look import marks, moved
+from areal_watchdog.watch.second_look import RETRY_LOOPS, marks, moved
 from areal_watchdog.watch.triggers import Trigger
 
 FLIGHT_RECORDER_TIMEOUT = 2.0  # seconds to wait for the ranks' Flight Recorder dumps
@@ -205,7 +205,9 @@ class Incidents:
         self.second_look = None
         second = self.look(pending.trigger, pending.lost, statuses)
         before = marks(pending.first.evidence, pending.first.step)
-        what = moved(before, marks(second.evidence, self.clock.last_step))
+        causes = {pending.first.verdict.cause, second.verdict.cause}
+        retrying = len(causes) == 1 and causes <= RETRY_LOOPS
+        what = moved(before, marks(second.evidence, self.clock.last_step), steps_only=retrying)
         confirmation = {"after_s": pending.delay, "moved": what, "confirmed": not what}
         if what:
             self.say(f"second look: {'; '.join(what)}: not cancelling")

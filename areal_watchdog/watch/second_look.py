@@ -9,8 +9,9 @@ checkpoint written to a slow filesystem) looks like a hang at the first look. Be
   spins in one loop is sampled at different lines of it, and has not moved);
 - a process whose pending asyncio tasks changed (episodes finished, others started).
 
-CPU time alone is no movement: a rank spinning forever burns it too. Pure: compares plain
-data taken from two ``Evidence`` objects.
+CPU time alone is no movement: a rank spinning forever burns it too. Nor is a moving stack
+when both looks name a retry loop (episodes rejected and resubmitted, ``workflow_failing``):
+there only a new step counts. Pure: compares plain data taken from two ``Evidence`` objects.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from dataclasses import dataclass
 
 from areal_watchdog.diagnose.activity import work_thread
 from areal_watchdog.evidence.model import BLOCKED, RUNNING, Evidence, RankEvidence
+
+# Causes whose processes keep moving while nothing progresses.
+RETRY_LOOPS = frozenset({"workflow_failing"})
 
 
 @dataclass(frozen=True)
@@ -41,11 +45,14 @@ def marks(evidence: Evidence, step: int | None) -> Marks:
     )
 
 
-def moved(first: Marks, second: Marks) -> list[str]:
-    """What moved between the looks, for people; empty when nothing did."""
+def moved(first: Marks, second: Marks, *, steps_only: bool = False) -> list[str]:
+    """What moved between the looks, for people; empty when nothing did. ``steps_only``: a
+    retry loop, where only a new step is movement."""
     found = []
     if second.step is not None and second.step != first.step:
         found.append(f"a new step ({second.step})")
+    if steps_only:
+        return found
     changed = sorted(
         pid
         for pid, functions in second.functions.items()
