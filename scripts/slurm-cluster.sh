@@ -95,7 +95,9 @@ up() {
     slurmctld -f "$CONF"
   fi
   for node in $(seq -f "node%g" 1 "$NODES"); do
-    if ! pgrep -f "slurmd -f $CONF -N $node" >/dev/null; then slurmd -f "$CONF" -N "$node"; fi
+    if ! pgrep -f "slurmd -f $CONF -N $node" >/dev/null; then
+      AREAL_TEST_CLUSTER="$DIR" slurmd -f "$CONF" -N "$node"  # its slurmstepds inherit the mark
+    fi
   done
   export SLURM_CONF="$CONF"
   for _ in $(seq 1 60); do
@@ -125,6 +127,12 @@ down() {
     sleep 0.5
   done
   pkill -9 -f "slurm(ctld|d) -f $CONF" 2>/dev/null || true
+  # A step daemon whose slurmd went first (or that hung) outlives it: ours carry the mark.
+  for pid in $(pgrep -f '^slurmstepd' || true); do
+    if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "AREAL_TEST_CLUSTER=$DIR"; then
+      kill -9 "$pid" 2>/dev/null || true
+    fi
+  done
   if [ -f "$DIR/munged.ours" ] && [ -f /run/munge/munged.pid ]; then
     kill "$(cat /run/munge/munged.pid)" 2>/dev/null || true
   fi

@@ -383,6 +383,7 @@ def test_single_controller_on_slurm_one_report_across_nodes(
     roles = by_role(report)
     assert roles["controller"][0]["node"] == socket.gethostname()
     assert roles["actor"][0]["node"] == "node1" and roles["rollout"][0]["node"] == "node2"
+    assert [w for w in report["workers"] if "areal_watchdog/" in w["where"]] == []  # our sidecars
     (culprit,) = report["culprit_workers"]
     assert (culprit["role"], culprit["node"]) == ("rollout", "node2")
     assert report["culprit_nodes"] == ["node2"]

@@ -9,9 +9,18 @@ import sys
 import time
 from pathlib import Path
 
-from areal_watchdog.evidence.discovery import Scope, discover
+from areal_watchdog.evidence.discovery import JobProcess, Scope, discover, helpers
 from areal_watchdog.rundir.layout import ENV_NODE, ENV_RUN_ID, RunLayout
 
+# A rollout worker that starts a helper (a reward pool process) and, as a Slurm task's shell
+# does before it execs the worker, our standby sidecar.
+WORKER = (
+    "import subprocess, sys, time\n"
+    "sleep = [sys.executable, '-c', 'import time; time.sleep(60)']\n"
+    "kids = [subprocess.Popen(sleep), subprocess.Popen([*sleep, 'areal_watchdog.watch.sidecar'])]\n"
+    "print(*(k.pid for k in kids), flush=True)\n"
+    "time.sleep(60)\n"
+)
 # A controller that, like AReaL's actor worker after /set_env, starts a helper carrying RANK.
 PARENT = (
     "import os, subprocess, sys, time\n"
@@ -50,3 +59,23 @@ def test_a_helper_that_inherited_rank_is_not_a_rank(tmp_path: Path) -> None:
             proc.kill()
             proc.wait()
         os.kill(helper, signal.SIGKILL)
+
+
+def test_our_sidecar_started_under_a_worker_is_no_helper_of_the_job(tmp_path: Path) -> None:
+    """Its stacks move between two looks: counted as a helper, it made the second look before
+    a cancel say "the stacks of pid N changed" and leave a hung job running."""
+    (tmp_path / "run").mkdir()
+    env = {**os.environ, ENV_RUN_ID: "r1", ENV_NODE: "n"}
+    worker = subprocess.Popen([sys.executable, "-c", WORKER], env=env, stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    pool, sidecar = map(int, worker.stdout.readline().split())
+    try:
+        time.sleep(0.3)
+        part = JobProcess(worker.pid, "n", 0.0, role="rollout", index=0)
+        found = helpers(RunLayout(tmp_path / "run"), Scope("r1", "n"), {worker.pid: part})
+        assert [(h.pid, h.role, h.parent_pid) for h in found] == [(pool, "helper", worker.pid)]
+    finally:
+        worker.kill()
+        worker.wait()
+        for pid in (pool, sidecar):
+            os.kill(pid, signal.SIGKILL)

@@ -34,6 +34,7 @@ SERVER_LAUNCHERS = ("areal.infra.launcher.sglang_server", "areal.infra.launcher.
 DATA_SERVICE = "areal.infra.data_service."
 TORCHRUN = ("torch.distributed.run", "torchrun")
 RANK_WRAPPERS = ("areal_watchdog.rank.main", "areal_watchdog.rank_main")
+SIDECAR_MODULE = "areal_watchdog.watch.sidecar"  # ours: never a part of the job, nor a helper
 HELPERS = ("multiprocessing", "joblib", "concurrent.futures")
 
 

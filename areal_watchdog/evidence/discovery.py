@@ -32,7 +32,7 @@ from pathlib import Path
 import psutil
 
 from areal_watchdog.common.atomic import read_json
-from areal_watchdog.common.roles import RANK_WRAPPERS, Identity, identify
+from areal_watchdog.common.roles import RANK_WRAPPERS, SIDECAR_MODULE, Identity, identify
 from areal_watchdog.evidence.model import HELPER
 from areal_watchdog.rundir.layout import COOPERATIVE_SIGNAL, ENV_RUN_ID, RunLayout, node_of
 
@@ -109,7 +109,7 @@ def helpers(layout: RunLayout, scope: Scope, parts: dict[int, JobProcess]) -> li
     """The Python processes of the run that a part of the job (``parts``, by pid) started and
     that are no part themselves: AReaL's reward process pool, a tool an episode runs, a
     DataLoader worker. Looked for only when evidence is gathered: what they wait in can be the
-    hang (a reward function that never returns)."""
+    hang (a reward function that never returns). Our own sidecars are never helpers."""
     owner = _owner(layout)
     found: dict[int, list[JobProcess]] = {}
     for proc in psutil.process_iter():
@@ -118,7 +118,7 @@ def helpers(layout: RunLayout, scope: Scope, parts: dict[int, JobProcess]) -> li
             if parent not in parts or proc.pid in parts or not _ours(proc, owner):
                 continue
             argv, env = proc.cmdline(), proc.environ()
-            if env.get(ENV_RUN_ID) != scope.run_id or not _is_python(argv):
+            if env.get(ENV_RUN_ID) != scope.run_id or not _is_helper(argv):
                 continue
             made = JobProcess(proc.pid, scope.node, proc.create_time(), role=HELPER,
                               index=parts[parent].index, parent_pid=parent)  # fmt: skip
@@ -132,8 +132,11 @@ def helpers(layout: RunLayout, scope: Scope, parts: dict[int, JobProcess]) -> li
     ]
 
 
-def _is_python(argv: list[str]) -> bool:
-    return bool(argv) and argv[0].rsplit("/", 1)[-1].startswith("python")
+def _is_helper(argv: list[str]) -> bool:
+    """A Python process, and not our sidecar (a Slurm task's standby sidecar is the child of
+    the worker the task then runs)."""
+    python = bool(argv) and argv[0].rsplit("/", 1)[-1].startswith("python")
+    return python and SIDECAR_MODULE not in argv
 
 
 def _owner(layout: RunLayout) -> int:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
 from areal_watchdog.common.errors import ConfigError
+from areal_watchdog.common.roles import SIDECAR_MODULE
 from areal_watchdog.config.areal import parse_allocation
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.areal import SLURM_NODE, plan_areal
@@ -68,7 +69,7 @@ def plan_single_controller(config: JobConfig, watchdog: bool, run_id: str | None
     info = replace(info, nproc_per_node=0, dynamic_nodes=True)  # the ranks run elsewhere
     processes = list(job.processes)
     if watchdog:
-        sidecar = [config.launch.python, "-m", "areal_watchdog.watch.sidecar"]
+        sidecar = [config.launch.python, "-m", SIDECAR_MODULE]
         sidecar += ["--run-dir", str(layout.run_dir), "--node", host]
         processes.append(ProcessSpec("watchdog", sidecar, kind="watchdog"))
     return LaunchPlan(
@@ -141,7 +142,7 @@ def job_prefix(config: JobConfig) -> str:
 def standby_command(python: str, layout: RunLayout) -> str:
     """The line every task of AReaL's jobs runs first: a standby sidecar in the background, its
     output in the run's logs (AReaL joins these lines with ``;``: the braces keep ``&`` legal)."""
-    sidecar = [python, "-m", "areal_watchdog.watch.sidecar", "--run-dir", str(layout.run_dir)]
+    sidecar = [python, "-m", SIDECAR_MODULE, "--run-dir", str(layout.run_dir)]
     log = f"{shlex.quote(str(layout.logs_dir))}/sidecar_$SLURMD_NODENAME.out"
     flags = ["--node-from-slurm", "--standby"]
     return f"{{ {shlex.join([*sidecar, *flags])} >> {log} 2>&1 < /dev/null & }}"

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.common.errors import UserError
+from areal_watchdog.common.roles import SIDECAR_MODULE
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.entrypoint import launch_mode
 from areal_watchdog.launch.job import (
@@ -164,7 +165,7 @@ def sidecar_command(python: str, layout: RunLayout) -> list[str]:
     return [
         python,
         "-m",
-        "areal_watchdog.watch.sidecar",
+        SIDECAR_MODULE,
         "--run-dir",
         str(layout.run_dir),
         "--node-from-slurm",
