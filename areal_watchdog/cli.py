@@ -8,9 +8,10 @@
     areal-launch notify-test CONFIG [key=value ...]
     areal-launch diagnose PATH [--json]
 
-Exit codes: 0 completed, 1 the job failed, 2 bad usage or configuration, 3 a hang was detected
-and the job cancelled (``watchdog.on_hang: cancel``), 4 cancelled by someone (``slurm --wait``),
-5 Slurm time limit (``slurm --wait``), 130 interrupted.
+Exit codes: 0 completed (after resumes too), 1 the job failed, 2 bad usage or configuration,
+3 a hang was detected and the job cancelled (``watchdog.on_hang: cancel``, or ``resume`` gave
+up), 4 cancelled by someone (``slurm --wait``), 5 Slurm time limit (``slurm --wait``), 130
+interrupted.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from areal_watchdog.common.areal_version import installed_version
@@ -35,7 +37,13 @@ from areal_watchdog.evidence import offline
 from areal_watchdog.launch.backend import backend
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.local import LocalBackend
-from areal_watchdog.launch.slurm.jobs import cancel_job, job_state, resolve_job
+from areal_watchdog.launch.resume import (
+    check_resumable,
+    recovery_lines,
+    resume_notes,
+    run_resuming,
+)
+from areal_watchdog.launch.slurm.jobs import cancel_job, job_state, recorded_job_id, resolve_job
 from areal_watchdog.launch.slurm.status import status_lines
 from areal_watchdog.notify.delivery import delivery_id, send
 from areal_watchdog.notify.notifier import deliver_spooled, render, secret_values
@@ -134,24 +142,34 @@ def cmd_launch(name: str, argv: list[str], watchdog: bool) -> int:
     run_preflight(config, enabled, args.ignore_preflight)
     target = backend(name, wait=getattr(args, "wait", False))
     plan = target.plan(config, enabled)
+    resuming = enabled and config.watchdog.on_hang == "resume"
+    if resuming:
+        check_resumable(config, name, plan.mode)
+        plan = replace(plan, notes=[*plan.notes, *resume_notes(config)])
     if args.dry_run:
         print(plan.render())
         return 0
     if enabled:
         check_sinks(config)
     flush_spool(plan.run_dir)
+    if resuming:
+        return run_resuming(target, config, plan, sys.stdout)
     return target.execute(plan, sys.stdout)
 
 
-def _job_target(command: str, description: str, argv: list[str]) -> tuple[str, Path | None]:
-    """Parse ``RUN_DIR_OR_JOB_ID`` and resolve it to (job id, run directory)."""
+def _target(command: str, description: str, argv: list[str]) -> str:
+    """``RUN_DIR_OR_JOB_ID`` as given."""
     parser = argparse.ArgumentParser(prog=f"areal-launch {command}", description=description)
     parser.add_argument("target", help="run directory or Slurm job id")
-    return resolve_job(parser.parse_args(argv).target)
+    return parser.parse_args(argv).target
 
 
 def cmd_status(argv: list[str], _watchdog: bool) -> int:
-    job_id, run_dir = _job_target("status", "Slurm state and what each node's sidecar saw.", argv)
+    target = _target("status", "The job's state and what each node's sidecar saw.", argv)
+    local = Path(target)
+    if (local.is_dir() or local.is_symlink()) and recorded_job_id(check_run_dir(local)) is None:
+        return _local_status(check_run_dir(local))
+    job_id, run_dir = resolve_job(target)
     fields = job_state(job_id)
     state = fields.get("JobState", "UNKNOWN (no longer known to the controller)")
     print(
@@ -161,16 +179,27 @@ def cmd_status(argv: list[str], _watchdog: bool) -> int:
     )
     if run_dir is None:
         return 0
-    run_dir = check_run_dir(run_dir)  # named by the job's comment: ours to read?
-    print(f"run dir: {run_dir}")
-    flush_spool(str(run_dir))
-    for line in status_lines(run_dir, time.time()):
-        print(line)
+    _show_run(check_run_dir(run_dir), "")  # named by the job's comment: ours to read?
     return 0
 
 
+def _local_status(run_dir: Path) -> int:
+    """A run launched on this machine (no Slurm job)."""
+    _show_run(run_dir, " (local run, no Slurm job)")
+    return 0
+
+
+def _show_run(run_dir: Path, kind: str) -> None:
+    """What each node's sidecar saw, the newest incidents and the resumes."""
+    print(f"run dir: {run_dir}{kind}")
+    flush_spool(str(run_dir))
+    for line in [*status_lines(run_dir, time.time()), *recovery_lines(run_dir)]:
+        print(line)
+
+
 def cmd_cancel(argv: list[str], _watchdog: bool) -> int:
-    job_id, run_dir = _job_target("cancel", "Cancel a Slurm job; its run directory stays.", argv)
+    target = _target("cancel", "Cancel a Slurm job; its run directory stays.", argv)
+    job_id, run_dir = resolve_job(target)
     cancel_job(job_id)
     print(
         f"[areal-launch] cancelled job {job_id}" + (f"; run dir kept: {run_dir}" if run_dir else "")

@@ -40,7 +40,8 @@ SLURM_KEYS = {
     "job_name": str,
     "template_dir": str,
 }
-OnHang = Literal["report", "cancel"]  # what the watchdog does about a hang (report.json's action)
+# What the watchdog does about a hang (report.json's action); resume: the launcher starts it again
+OnHang = Literal["report", "cancel", "resume"]
 ON_HANG_ACTIONS: tuple[str, ...] = get_args(OnHang)
 STACK_METHODS = ("auto", "py-spy", "faulthandler")
 GPU_BACKENDS = ("auto", "nvml", "nvidia-smi", "recorded", "none")
@@ -84,6 +85,8 @@ class WatchdogSection:
     gpu_spin_power_fraction: float = 0.3
     gpu_idle_timeout: float = 120.0
     confirm_after: float | None = None  # the second look before on_hang=cancel (None: auto)
+    resume_max_attempts: int = 3  # on_hang=resume: relaunches of one run, at most
+    resume_backoff: float = 10.0  # seconds before the first relaunch, doubled for each next
     node_timeout: float = 10.0
     evidence_timeout: float = 10.0
     debug_env: dict[str, str] = field(default_factory=dict)

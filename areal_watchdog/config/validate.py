@@ -38,10 +38,11 @@ WATCHDOG_KEYS = {
     "enabled", "stall_timeout", "startup_timeout", "poll_interval", "step_regex", "log_files",
     "on_hang", "auto_factor", "auto_min_timeout", "dump_timeout", "stack_method", "crash_grace",
     "flight_recorder", "gpu", "node_timeout", "evidence_timeout", "debug_env", "notify",
-    "spool_retry_interval", "trajectory", "confirm_after",
+    "spool_retry_interval", "trajectory", "confirm_after", "resume",
 }  # fmt: skip
 GPU_KEYS = {"backend", "recording", "idle_utilization", "spin_power_fraction", "idle_timeout"}
 TRAJECTORY_KEYS = {"enabled", "max_keep", "pin_steps", "dump_steps"}
+RESUME_KEYS = {"max_attempts", "backoff"}
 # watchdog.<key> (or watchdog.gpu.<key>) -> the smallest value that makes sense
 SECONDS = {
     "startup_timeout": 1e-9,
@@ -188,6 +189,7 @@ def _watchdog(check: Checker, wd: dict[str, Any]) -> WatchdogSection:
             for s in parse_sinks(check.mapping_list(wd, "watchdog.notify"), check.source)
         ],
         **_trajectory(check, check.section(wd, "watchdog.trajectory")),
+        **_resume(check, check.section(wd, "watchdog.resume")),
         **values,
     )
 
@@ -254,4 +256,16 @@ def _trajectory(check: Checker, tree: dict[str, Any]) -> dict[str, Any]:
         "trajectory_dump_steps": None
         if dump_steps is None
         else check.int_list(tree, "watchdog.trajectory.dump_steps"),
+    }
+
+
+def _resume(check: Checker, tree: dict[str, Any]) -> dict[str, Any]:
+    check.known_keys(tree, "watchdog.resume", RESUME_KEYS)
+    return {
+        "resume_max_attempts": check.integer(
+            tree, "watchdog.resume.max_attempts", default(WatchdogSection, "resume_max_attempts"), 1
+        ),
+        "resume_backoff": check.number(
+            tree, "watchdog.resume.backoff", default(WatchdogSection, "resume_backoff"), 0.0
+        ),
     }

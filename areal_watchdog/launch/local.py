@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TextIO
 
 from areal_watchdog.common.atomic import open_append, read_json, write_json_atomic
+from areal_watchdog.common.roles import SIDECAR_MODULE
 from areal_watchdog.common.run_processes import kill_run_processes
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.areal import ArealJob, plan_areal
@@ -73,7 +74,7 @@ class LocalBackend:
         )
         processes = list(job.processes)
         if watchdog:
-            sidecar = [config.launch.python, "-m", "areal_watchdog.watch.sidecar"]
+            sidecar = [config.launch.python, "-m", SIDECAR_MODULE]
             sidecar += ["--run-dir", str(layout.run_dir), "--node", node]
             processes.append(ProcessSpec("watchdog", sidecar, kind="watchdog"))
         return LaunchPlan(
@@ -152,7 +153,7 @@ class _LocalRun:
             if not self.cancelled and self.cancel_requested():
                 self.cancelled = True
                 job.pump.mute()
-                self.say("the watchdog reported a hang (on_hang=cancel): terminating the job")
+                self.say("the watchdog reported a hang: terminating the job")
                 stop_job(job.proc, self.plan.run_id)
             if self.sidecar is not None:
                 self.sidecar.keep_alive()

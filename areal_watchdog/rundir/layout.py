@@ -158,6 +158,11 @@ class RunLayout:
         return self.watch_dir / "cancelled.json"
 
     @property
+    def recovery_file(self) -> Path:
+        """Every hang of an ``on_hang: resume`` run and what the launcher decided."""
+        return self.watch_dir / "recovery.json"
+
+    @property
     def incidents_dir(self) -> Path:
         return self.run_dir / "incidents"
 

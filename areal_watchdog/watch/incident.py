@@ -42,6 +42,10 @@ from areal_watchdog.watch.triggers import Trigger
 FLIGHT_RECORDER_TIMEOUT = 2.0  # seconds to wait for the ranks' Flight Recorder dumps
 ROLLOUT_TIMEOUT = 2.0  # seconds to wait for asyncio task dumps and server probes
 HANG_TRIGGERS = (Trigger.STALL, Trigger.GPU_IDLE, Trigger.RANK_EXITED, Trigger.NODE_SILENT)
+ENDS_JOB = ("cancel", "resume")  # the on_hang actions that end the job (resume: the launcher
+# then starts it again)
+# Verdicts nothing comes back from: a second look would only let the dying job end unreported.
+GONE = ("node_lost", "rank_crashed")
 
 
 @dataclass
@@ -130,6 +134,7 @@ class _SecondLook:
     delay: float
     lost: tuple[str, ...]
     first: _Look
+    action: str
 
 
 @dataclass
@@ -178,8 +183,10 @@ class Incidents:
             return
         action = self.info.watchdog.on_hang if trigger in HANG_TRIGGERS else "report"
         delay = self.confirm_delay()
-        if action == "cancel" and silence and delay > 0:
-            self.second_look = _SecondLook(trigger, now, time.time() + delay, delay, lost, look)
+        if action in ENDS_JOB and silence and delay > 0 and look.verdict.category not in GONE:
+            self.second_look = _SecondLook(
+                trigger, now, time.time() + delay, delay, lost, look, action
+            )
             culprits = culprits_phrase(look.verdict.culprit_ranks, look.verdict.culprit_workers)
             self.say(
                 f"{look.verdict.category} suspected ({culprits}); a second look in {delay:g} s "
@@ -213,7 +220,7 @@ class Incidents:
             self.say(f"second look: {'; '.join(what)}: not cancelling")
             self.report(pending.trigger, pending.opened_at, pending.first, "report", confirmation)
         else:
-            self.report(pending.trigger, pending.opened_at, second, "cancel", confirmation)
+            self.report(pending.trigger, pending.opened_at, second, pending.action, confirmation)
 
     def look(self, trigger: Trigger, lost: tuple[str, ...], statuses: dict) -> _Look:
         """Evidence from every node, and the verdict on it."""
@@ -257,8 +264,8 @@ class Incidents:
         self.pending.append(_Unwritten(report, look.evidence, redactor))
         if not self.write_pending():
             self.say(f"verdict (report not on disk yet, retried every poll): {verdict_line}")
-        if action == "cancel":  # whether or not the disk took the report
-            self.cancel_job(report["incident_id"])
+        if action in ENDS_JOB:  # whether or not the disk took the report
+            self.cancel_job(report["incident_id"], action)
 
     def write_pending(self) -> bool:
         """Write the incidents that could not be written (and act on them); False while the
@@ -365,9 +372,10 @@ class Incidents:
             "replay_command": f"areal-launch replay {shlex.quote(self.info.run_dir)} --step {step}",
         }
 
-    def cancel_job(self, incident_id: str) -> None:
-        """``on_hang: cancel``: record why, then end the job (scancel, or the launcher through
-        its pipe). Neither needs free disk: a full disk loses the record, not the cancel."""
+    def cancel_job(self, incident_id: str, action: str) -> None:
+        """``on_hang: cancel`` (or ``resume``): record why, then end the job (scancel, or the
+        launcher through its pipe). Neither needs free disk: a full disk loses the record, not
+        the cancel."""
         self.cancelling = True
         record = {"run_id": self.info.run_id, "incident_id": incident_id, "time": time.time()}
         try:
@@ -375,9 +383,9 @@ class Incidents:
         except OSError as exc:
             self.say(f"cannot record the cancel ({exc.strerror or exc}): cancelling anyway")
         if self.job_id:
-            self.say(f"on_hang=cancel: scancel {self.job_id}")
+            self.say(f"on_hang={action}: scancel {self.job_id}")
             with contextlib.suppress(OSError):
                 subprocess.run(["scancel", self.job_id], check=False, capture_output=True)
         else:
-            self.say("on_hang=cancel: asking the launcher to terminate the job")
+            self.say(f"on_hang={action}: asking the launcher to terminate the job")
             tell_launcher(f"cancel {incident_id}")

@@ -13,6 +13,10 @@ when ``demo.hang`` names a pattern, misbehaves on ``demo.hang_rank`` at ``demo.h
   crash                the rank raises an exception
   quiet_exit           the rank exits with code 0 while the others go on
 
+With ``demo.checkpoint`` (a file), rank 0 records each finished step there and a resumed run
+(``on_hang: resume`` sets AREAL_WATCHDOG_RESUME_ATTEMPT) starts after it; ``demo.hang_once``
+makes the hang transient: it happens only while ``<checkpoint>.hung`` does not exist.
+
 Run it through ``areal-launch --watchdog local examples/hang_demo/config.yaml``.
 """
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import signal
 import sys
@@ -136,6 +141,34 @@ def step_line(step: int, total: int) -> str:
     )
 
 
+def resume_point(checkpoint: str) -> int:
+    """The last finished step of the run this one resumes (0: a fresh start)."""
+    if not checkpoint or not os.environ.get("AREAL_WATCHDOG_RESUME_ATTEMPT"):
+        return 0
+    try:
+        with open(checkpoint) as fh:
+            return int(json.load(fh)["step"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def save_checkpoint(checkpoint: str, step: int) -> None:
+    with open(f"{checkpoint}.tmp", "w") as fh:
+        json.dump({"step": step}, fh)
+    os.replace(f"{checkpoint}.tmp", checkpoint)
+
+
+def hung_before(settings: dict) -> bool:
+    """A transient hang (``hang_once``) that already happened: its marker says so. Every rank
+    asks at start, before the misbehaving rank can write the marker."""
+    return settings["hang_once"] and os.path.exists(f"{settings['checkpoint']}.hung")
+
+
+def mark_hung(settings: dict) -> None:
+    if settings["hang_once"]:
+        open(f"{settings['checkpoint']}.hung", "w").close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", required=True)
@@ -153,6 +186,8 @@ def main() -> None:
         "slow_step": -1,
         "slow_time": 0.0,
         "heartbeat": False,
+        "checkpoint": "",
+        "hang_once": False,
     }
     settings.update(config.get("demo") or {})
     rank = int(os.environ["RANK"])
@@ -170,10 +205,19 @@ def main() -> None:
         else None
     )
     loader = DataLoader(RandomRegression(steps, block), batch_size=1, num_workers=1)
+    if hung_before(settings):
+        settings["hang"] = "none"  # transient: it happened once, not again
+    start = resume_point(settings["checkpoint"])
+    if rank == 0 and start:
+        print(f"resuming from {settings['checkpoint']}: {start} steps done", flush=True)
     with Trainer(settings) as trainer:
         for step, (x, y) in enumerate(loader, start=1):
+            if step <= start:
+                continue
             Trainer.is_hang_step = step == settings["hang_step"]
             misbehave = settings["hang"] if Trainer.is_hang_step and misbehaving_rank else None
+            if misbehave and misbehave != "none":
+                mark_hung(settings)
             if step == settings["pause_step"]:
                 with areal_watchdog.expect_pause(settings["pause_time"] * 3, "saving checkpoint"):
                     time.sleep(settings["pause_time"])
@@ -187,6 +231,8 @@ def main() -> None:
                 areal_watchdog.heartbeat(step)
             if rank == 0:
                 print(step_line(step, steps), f"loss={loss:.4f}", flush=True)
+                if settings["checkpoint"]:
+                    save_checkpoint(settings["checkpoint"], step)
     if rank == 0:
         print("Training completes! Total time elapsed 0.", flush=True)
 

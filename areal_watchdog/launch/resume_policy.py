@@ -1,0 +1,107 @@
+"""Whether to start a hung job again (``on_hang: resume``), decided from its reports alone.
+
+A hang that comes back at the same step, in the same category at the same call sites, after a
+resume follows the job (its data or its code), not the machine: starting it again would loop.
+Anything else is given the benefit of the doubt, a bounded number of times, with a growing
+pause in between. Pure: the launcher reads the reports and acts on the decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from areal_watchdog.common.rankset import format_ranks
+
+
+@dataclass(frozen=True)
+class Hang:
+    """What tells two hangs of one run apart: where it stopped, what and who."""
+
+    incident_id: str | None
+    category: str
+    step: int | None  # the last step done before it
+    culprits: str  # "ranks 2" / "rollout 0" / "-"
+    sites: tuple[str, ...]  # where the culprits wait, sorted
+
+    @classmethod
+    def from_report(
+        cls, report: dict[str, Any] | None, incident_id: str | None, resumed_after: int | None
+    ) -> Hang:
+        """The hang a report describes (``resumed_after``: the step the job was resumed after,
+        the last one done when it hangs before its first new step); a report the disk never
+        took is an unknown hang."""
+        if not isinstance(report, dict):
+            return cls(incident_id, "unknown", resumed_after, "-", ())
+        culprit_ranks = [r for r in report.get("culprit_ranks") or [] if isinstance(r, int)]
+        processes = [*(report.get("ranks") or []), *(report.get("culprit_workers") or [])]
+        culprits = [
+            p for p in processes
+            if isinstance(p, dict) and (p.get("rank") in culprit_ranks or "rank" not in p)
+        ]  # fmt: skip
+        step = report.get("last_step")
+        return cls(
+            incident_id=str(report.get("incident_id") or incident_id),
+            category=str(report.get("category") or "unknown"),
+            step=step if isinstance(step, int) else resumed_after,
+            culprits=_culprits(culprit_ranks, report.get("culprit_workers") or []),
+            sites=tuple(sorted({_site(p.get("where")) for p in culprits} - {""})),
+        )
+
+    def same_as(self, other: Hang) -> bool:
+        """The same hang again: same category, same step, same call sites (an unknown hang is
+        never the same as anything: it cannot be told apart)."""
+        if "unknown" in (self.category, other.category):
+            return False
+        return (self.category, self.step, self.sites) == (other.category, other.step, other.sites)
+
+    def describe(self) -> str:
+        where = f" at {self.sites[0]}" if self.sites else ""
+        step = f"step {self.step}" if self.step is not None else "before the first step"
+        return f"{self.category} ({self.culprits}{where}), {step}"
+
+
+def _site(where: object) -> str:
+    """The innermost frame of a report's ``where`` (``at f.py:9 in g() <- h() <- ...``)."""
+    return str(where or "").split(" <- ")[0]
+
+
+def _culprits(ranks: list[int], workers: list[Any]) -> str:
+    named = [f"ranks {format_ranks(ranks)}"] if ranks else []
+    named += [
+        f"{w.get('role')} {w.get('index')}" if w.get("index") is not None else str(w.get("role"))
+        for w in workers
+        if isinstance(w, dict)
+    ]
+    return ", ".join(named) or "no culprit named"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Start the job again (after ``backoff_s``), or stop and say why."""
+
+    resume: bool
+    reason: str
+    backoff_s: float = 0.0
+
+
+def decide(hangs: list[Hang], max_attempts: int, backoff: float) -> Decision:
+    """The decision after the newest of ``hangs`` (every hang of this run, oldest first)."""
+    newest, resumes = hangs[-1], len(hangs) - 1
+    if resumes and newest.same_as(hangs[-2]):
+        return Decision(
+            False,
+            f"the same hang came back after a resume: {newest.describe()}; it follows the job, "
+            "not the machine, so resuming again would loop",
+        )
+    if resumes >= max_attempts:
+        return Decision(
+            False, f"{max_attempts} resume(s) spent (watchdog.resume.max_attempts): giving up"
+        )
+    wait = backoff * 2**resumes
+    return Decision(
+        True,
+        f"resume {resumes + 1} of {max_attempts} after {newest.describe()}: no dumped step to "
+        "replay, so it is taken as transient and the job restarts from its own checkpoint",
+        wait,
+    )

@@ -1,0 +1,113 @@
+"""``on_hang: resume``: after the report the job is ended and started again from its own
+checkpoint; a transient hang trains on to the end, a hang that comes back at the same step
+stops the resumes, and both say so on the terminal, in the reports and in ``status``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from areal_watchdog.launch.resume_policy import Hang, decide
+from conftest import DEMO_CONFIG, FAST, REPO, Launcher
+
+RESUME = [
+    *FAST,
+    "watchdog.on_hang=resume",
+    "+watchdog.resume.backoff=1",
+    "watchdog.startup_timeout=15",
+    "demo.steps=8",
+    "demo.hang_step=4",
+]
+
+
+def hang(category: str, step: int | None, where: str = "train.py:90 in announce_metrics") -> Hang:
+    return Hang("i", category, step, "ranks 2", (where,))
+
+
+def test_a_hang_that_comes_back_at_the_same_step_stops_the_resumes() -> None:
+    first = decide([hang("collective_mismatch", 3)], max_attempts=3, backoff=10)
+    assert (first.resume, first.backoff_s) == (True, 10)
+    again = decide([hang("collective_mismatch", 3)] * 2, max_attempts=3, backoff=10)
+    assert not again.resume
+    assert "the same hang came back after a resume: collective_mismatch (ranks 2 at" in again.reason
+    elsewhere = [hang("collective_mismatch", 3), hang("collective_mismatch", 7)]
+    later = decide(elsewhere, max_attempts=3, backoff=10)
+    assert (later.resume, later.backoff_s) == (True, 20)  # doubled
+    spent = decide([hang("straggler", n) for n in (1, 2, 3, 4)], max_attempts=3, backoff=10)
+    assert not spent.resume and "3 resume(s) spent" in spent.reason
+
+
+def test_an_unknown_hang_is_never_the_same_as_another() -> None:
+    unknown = Hang.from_report(None, None, resumed_after=3)
+    assert decide([unknown, unknown], max_attempts=3, backoff=0).resume
+
+
+def status(run_dir: Path) -> str:
+    return subprocess.run(
+        [sys.executable, "-m", "areal_watchdog.cli", "status", str(run_dir)],
+        capture_output=True, text=True, cwd=REPO, check=True,
+    ).stdout  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_transient_hang_is_resumed_from_the_checkpoint_and_the_job_completes(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """Rank 2 freezes once (SIGSTOP) at step 4: reported, ended, started again after step 3."""
+    checkpoint = tmp_path / "ckpt.json"
+    result = launcher.run(
+        [*RESUME, "demo.hang=collective_stuck", "demo.hang_once=true",
+         f"demo.checkpoint={checkpoint}"], trial="transient",
+    )  # fmt: skip
+    assert result.returncode == 0, result.output[-4000:]
+    assert "resume 1 of 3 after" in result.output
+    assert "ckpt.json: 3 steps done" in result.output  # the script's own checkpoint
+    assert "after 1 resume(s) the job completed" in result.output
+    (report,) = result.reports
+    assert report["action"] == "resume" and report["last_step"] == 3
+    assert report["recovery"]["decision"] == "resume" and report["recovery"]["attempt"] == 1
+    assert report["recovery"]["time_lost_s"] > 0
+    assert "## Recovery" in Path(report["files"]["report_md"]).read_text()
+    shown = status(result.run_dir)
+    assert "(local run, no Slurm job)" in shown
+    assert "hang 1: " in shown and "step 3: resume, time lost" in shown
+    assert "outcome: completed" in shown
+
+
+@pytest.mark.slow
+def test_a_hang_that_follows_the_job_is_resumed_once_then_stopped(launcher: Launcher) -> None:
+    """Rank 2 calls broadcast at step 4 every time: the resumed job hangs at the same place."""
+    checkpoint = launcher.root / "ckpt.json"
+    result = launcher.run(
+        [*RESUME, "demo.hang=collective_mismatch", f"demo.checkpoint={checkpoint}"],
+        trial="persistent",
+    )
+    assert result.returncode == 3, result.output[-4000:]
+    first, second = result.reports
+    assert (first["category"], second["category"]) == ("collective_mismatch",) * 2
+    assert first["recovery"]["decision"] == "resume"
+    assert second["recovery"]["decision"] == "stop"
+    assert "the same hang came back after a resume" in second["recovery"]["reason"]
+    assert "ckpt.json: 3 steps done" in result.output
+    assert "it follows the job, not the machine" in result.output
+    assert "outcome: stopped: the same hang came back" in status(result.run_dir)
+
+
+def test_dry_run_shows_what_a_resume_runs_and_slurm_says_not_yet(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from areal_watchdog.cli import main
+
+    assert main(["--watchdog", "local", str(DEMO_CONFIG), "watchdog.on_hang=resume",
+                 "--dry-run"]) == 0  # fmt: skip
+    shown = capsys.readouterr().out
+    assert "on a hang (watchdog.on_hang: resume)" in shown
+    assert "up to 3 time(s) (after 10 s, 20 s, 40 s)" in shown
+    assert "AREAL_WATCHDOG_RESUME_ATTEMPT=<1, 2, ...>" in shown
+    assert main(["--watchdog", "slurm", str(DEMO_CONFIG), "watchdog.on_hang=resume",
+                 "--dry-run"]) == 2  # fmt: skip
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "on_hang: resume starts torchrun scripts again" in error[0]
