@@ -12,6 +12,7 @@ import pytest
 
 from areal_watchdog.launch.resume_policy import Hang, decide
 from conftest import DEMO_CONFIG, FAST, REPO, Launcher
+from receiver import Receiver
 
 RESUME = [
     *FAST,
@@ -21,6 +22,11 @@ RESUME = [
     "demo.steps=8",
     "demo.hang_step=4",
 ]
+SECRET = "resume-signing-secret"
+NOTIFY = (
+    "+watchdog.notify=[{type: webhook, url_env: HOOK_URL, secret_env: HOOK_SECRET},"
+    " {type: slack, webhook_url_env: SLACK_URL}]"
+)
 
 
 def hang(category: str, step: int | None, where: str = "train.py:90 in announce_metrics") -> Hang:
@@ -56,12 +62,19 @@ def status(run_dir: Path) -> str:
 def test_a_transient_hang_is_resumed_from_the_checkpoint_and_the_job_completes(
     launcher: Launcher, tmp_path: Path
 ) -> None:
-    """Rank 2 freezes once (SIGSTOP) at step 4: reported, ended, started again after step 3."""
+    """Rank 2 freezes once (SIGSTOP) at step 4: reported, ended, started again after step 3;
+    the webhook and Slack hear the decision under the incident's id."""
     checkpoint = tmp_path / "ckpt.json"
-    result = launcher.run(
-        [*RESUME, "demo.hang=collective_stuck", "demo.hang_once=true",
-         f"demo.checkpoint={checkpoint}"], trial="transient",
-    )  # fmt: skip
+    receiver = Receiver(SECRET)
+    env = {"HOOK_URL": receiver.url("/hook"), "HOOK_SECRET": SECRET,
+           "SLACK_URL": receiver.url("/slack")}  # fmt: skip
+    try:
+        result = launcher.run(
+            [*RESUME, NOTIFY, "demo.hang=collective_stuck", "demo.hang_once=true",
+             f"demo.checkpoint={checkpoint}"], trial="transient", env=env,
+        )  # fmt: skip
+    finally:
+        receiver.close()
     assert result.returncode == 0, result.output[-4000:]
     assert "resume 1 of 3 after" in result.output
     assert "ckpt.json: 3 steps done" in result.output  # the script's own checkpoint
@@ -71,6 +84,15 @@ def test_a_transient_hang_is_resumed_from_the_checkpoint_and_the_job_completes(
     assert report["recovery"]["decision"] == "resume" and report["recovery"]["attempt"] == 1
     assert report["recovery"]["time_lost_s"] > 0
     assert "## Recovery" in Path(report["files"]["report_md"]).read_text()
+    hooks = [r.json() for r in receiver.requests if r.path == "/hook"]
+    assert all(r.verified for r in receiver.requests if r.path == "/hook")
+    assert [(h["event_type"], h["incident_id"]) for h in hooks] == [
+        ("hang.detected", report["incident_id"]),
+        ("hang.recovery", report["incident_id"]),
+    ]
+    assert hooks[1]["recovery"] == report["recovery"]
+    slack = [r.json()["text"] for r in receiver.requests if r.path == "/slack"]
+    assert len(slack) == 2 and f"resumed after incident {report['incident_id']}" in slack[1]
     shown = status(result.run_dir)
     assert "(local run, no Slurm job)" in shown
     assert "hang 1: " in shown and "step 3: resume, time lost" in shown

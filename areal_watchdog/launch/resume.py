@@ -22,11 +22,17 @@ from areal_watchdog.launch.backend import Backend
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.plan import LaunchPlan
 from areal_watchdog.launch.resume_policy import Decision, Hang, decide
+from areal_watchdog.notify.recovery import send_recovery
+from areal_watchdog.notify.sinks import SinkSpec
 from areal_watchdog.report.build import iso
 from areal_watchdog.rundir.layout import RunLayout
 
 ENV_ATTEMPT = "AREAL_WATCHDOG_RESUME_ATTEMPT"  # 1 on the first resume, 2 on the next, ...
 ENV_LAST_STEP = "AREAL_WATCHDOG_RESUME_LAST_STEP"  # the last step seen before the hang
+# A hang's record entry as its report's ``recovery`` section shows it (report/schema.json).
+RECOVERY_FIELDS = (
+    "attempt", "max_attempts", "decision", "reason", "backoff_s", "relaunched_at", "time_lost_s",
+)  # fmt: skip
 
 
 def check_resumable(config: JobConfig, backend: str, mode: str) -> None:
@@ -89,9 +95,13 @@ def run_resuming(target: Backend, config: JobConfig, plan: LaunchPlan, out: Text
         hangs.append(Hang.from_report(report, incident_id, hangs[-1].step if hangs else None))
         decision = decide(hangs, wd.resume_max_attempts, wd.resume_backoff)
         entry = _entry(len(hangs), wd.resume_max_attempts, hangs[-1], decision, report)
-        _note_in_report(layout, incident_id, report, entry)
         record.add(entry)
         _say(out, decision.reason)
+        if isinstance(report, dict):  # the disk took it: the report and the sinks hear it
+            section = {k: entry[k] for k in RECOVERY_FIELDS}
+            _note_in_report(layout, report, section)
+            sinks = [SinkSpec.from_dict(d) for d in wd.notify]
+            send_recovery(sinks, layout.spool_dir, report, section, lambda m: _say(out, m))
         if not decision.resume:
             record.end(f"stopped: {decision.reason}")
             return code
@@ -161,20 +171,14 @@ def _stamp(value: object) -> float | None:
         return None
 
 
-def _note_in_report(
-    layout: RunLayout, incident_id: str | None, report: dict[str, Any] | None, entry: dict
-) -> None:
-    """Add the decision to the hang's report.json and report.md (when the disk took them)."""
-    if incident_id is None or not isinstance(report, dict):
-        return
-    directory = layout.incidents_dir / incident_id
-    section = {k: entry[k] for k in ("attempt", "max_attempts", "decision", "reason", "backoff_s",
-                                     "relaunched_at", "time_lost_s")}  # fmt: skip
+def _note_in_report(layout: RunLayout, report: dict[str, Any], section: dict[str, Any]) -> None:
+    """Add the decision to the hang's report.json and report.md."""
+    directory = layout.incidents_dir / str(report["incident_id"])
     with contextlib.suppress(OSError):
         write_json_atomic(directory / "report.json", {**report, "recovery": section})
         markdown = (directory / "report.md").read_text(encoding="utf-8")
-        said = (
-            f"Hang {entry['attempt']} (at most {entry['max_attempts']} resumes): {entry['reason']}."
+        said = f"Hang {section['attempt']} (at most {section['max_attempts']} resumes): " + (
+            f"{section['reason']}."
         )
         write_text_atomic(directory / "report.md", f"{markdown}\n## Recovery\n\n{said}\n")
 
