@@ -166,9 +166,11 @@ def _target(command: str, description: str, argv: list[str]) -> str:
 
 def cmd_status(argv: list[str], _watchdog: bool) -> int:
     target = _target("status", "The job's state and what each node's sidecar saw.", argv)
-    local = Path(target)
-    if (local.is_dir() or local.is_symlink()) and recorded_job_id(check_run_dir(local)) is None:
-        return _local_status(check_run_dir(local))
+    if Path(target).is_dir() or Path(target).is_symlink():
+        local = check_run_dir(Path(target))
+        if recorded_job_id(local) is None:  # launched on this machine
+            _show_run(local, " (local run, no Slurm job)")
+            return 0
     job_id, run_dir = resolve_job(target)
     fields = job_state(job_id)
     state = fields.get("JobState", "UNKNOWN (no longer known to the controller)")
@@ -180,12 +182,6 @@ def cmd_status(argv: list[str], _watchdog: bool) -> int:
     if run_dir is None:
         return 0
     _show_run(check_run_dir(run_dir), "")  # named by the job's comment: ours to read?
-    return 0
-
-
-def _local_status(run_dir: Path) -> int:
-    """A run launched on this machine (no Slurm job)."""
-    _show_run(run_dir, " (local run, no Slurm job)")
     return 0
 
 

@@ -65,3 +65,11 @@ def read_json(path: Path) -> Any | None:
             return json.load(fh)
     except (OSError, ValueError, RecursionError):  # a file of 100k nested brackets too
         return None
+
+
+def mtime(path: Path) -> float:
+    """When ``path`` was last written; 0 for a file gone since it was listed."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from areal_watchdog.common.atomic import read_json
+from areal_watchdog.common.atomic import mtime, read_json
 from areal_watchdog.evidence.discovery import JobProcess
 from areal_watchdog.evidence.faulthandler import dump_cooperative
 from areal_watchdog.evidence.model import (
@@ -183,7 +183,7 @@ def rank_log_tail(layout: RunLayout, node: str, local_rank: int | None) -> str:
     if local_rank is None:
         return ""
     base = layout.torchrun_logs_dir / node
-    attempts = sorted(base.glob(f"*/attempt_*/{local_rank}"), key=_mtime)
+    attempts = sorted(base.glob(f"*/attempt_*/{local_rank}"), key=mtime)
     if not attempts:
         return ""
     parts = []
@@ -192,13 +192,6 @@ def rank_log_tail(layout: RunLayout, node: str, local_rank: int | None) -> str:
         if text.strip():
             parts.append(f"--- {name} ---\n{text}")
     return "\n".join(parts)
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
 
 
 def _read_tail(path: Path, lines: int) -> str:

@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from areal_watchdog.common.atomic import read_json, write_json_atomic, write_text_atomic
+from areal_watchdog.common.atomic import mtime, read_json, write_json_atomic, write_text_atomic
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.backend import Backend
@@ -126,18 +126,11 @@ def _newest_hang(layout: RunLayout, since: float) -> tuple[str | None, dict[str,
     if isinstance(cancel, dict) and isinstance(cancel.get("incident_id"), str):
         incident_id = cancel["incident_id"]
         return incident_id, read_json(layout.incidents_dir / incident_id / "report.json")
-    reports = [p for p in layout.incidents_dir.glob("*/report.json") if _mtime(p) >= since]
+    reports = [p for p in layout.incidents_dir.glob("*/report.json") if mtime(p) >= since]
     if not reports:
         return None, None
-    newest = max(reports, key=_mtime)
+    newest = max(reports, key=mtime)
     return newest.parent.name, read_json(newest)
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
 
 
 def _entry(
