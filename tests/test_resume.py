@@ -30,7 +30,7 @@ NOTIFY = (
 
 
 def hang(category: str, step: int | None, where: str = "train.py:90 in announce_metrics") -> Hang:
-    return Hang("i", category, step, "ranks 2", (where,))
+    return Hang("i", category, step, "culprit ranks 2", (where,))
 
 
 def test_a_hang_that_comes_back_at_the_same_step_stops_the_resumes() -> None:
@@ -38,7 +38,8 @@ def test_a_hang_that_comes_back_at_the_same_step_stops_the_resumes() -> None:
     assert (first.resume, first.backoff_s) == (True, 10)
     again = decide([hang("collective_mismatch", 3)] * 2, max_attempts=3, backoff=10)
     assert not again.resume
-    assert "the same hang came back after a resume: collective_mismatch (ranks 2 at" in again.reason
+    said = "the same hang came back after a resume: collective_mismatch (culprit ranks 2 at"
+    assert said in again.reason
     elsewhere = [hang("collective_mismatch", 3), hang("collective_mismatch", 7)]
     later = decide(elsewhere, max_attempts=3, backoff=10)
     assert (later.resume, later.backoff_s) == (True, 20)  # doubled

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from areal_watchdog.common.rankset import format_ranks
+from areal_watchdog.common.rankset import culprits_phrase
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class Hang:
     incident_id: str | None
     category: str
     step: int | None  # the last step done before it
-    culprits: str  # "ranks 2" / "rollout 0" / "-"
+    culprits: str  # "culprit ranks 2", "culprit workers rollout 0 (pid 12)", ...
     sites: tuple[str, ...]  # where the culprits wait, sorted
 
     @classmethod
@@ -34,9 +34,9 @@ class Hang:
         if not isinstance(report, dict):
             return cls(incident_id, "unknown", resumed_after, "-", ())
         culprit_ranks = [r for r in report.get("culprit_ranks") or [] if isinstance(r, int)]
-        processes = [*(report.get("ranks") or []), *(report.get("culprit_workers") or [])]
+        workers = [w for w in report.get("culprit_workers") or [] if isinstance(w, dict)]
         culprits = [
-            p for p in processes
+            p for p in [*(report.get("ranks") or []), *workers]
             if isinstance(p, dict) and (p.get("rank") in culprit_ranks or "rank" not in p)
         ]  # fmt: skip
         step = report.get("last_step")
@@ -44,7 +44,7 @@ class Hang:
             incident_id=str(report.get("incident_id") or incident_id),
             category=str(report.get("category") or "unknown"),
             step=step if isinstance(step, int) else resumed_after,
-            culprits=_culprits(culprit_ranks, report.get("culprit_workers") or []),
+            culprits=culprits_phrase(culprit_ranks, workers),
             sites=tuple(sorted({_site(p.get("where")) for p in culprits} - {""})),
         )
 
@@ -64,16 +64,6 @@ class Hang:
 def _site(where: object) -> str:
     """The innermost frame of a report's ``where`` (``at f.py:9 in g() <- h() <- ...``)."""
     return str(where or "").split(" <- ")[0]
-
-
-def _culprits(ranks: list[int], workers: list[Any]) -> str:
-    named = [f"ranks {format_ranks(ranks)}"] if ranks else []
-    named += [
-        f"{w.get('role')} {w.get('index')}" if w.get("index") is not None else str(w.get("role"))
-        for w in workers
-        if isinstance(w, dict)
-    ]
-    return ", ".join(named) or "no culprit named"
 
 
 @dataclass(frozen=True)
