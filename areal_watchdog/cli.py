@@ -26,7 +26,7 @@ from pathlib import Path
 
 from areal_watchdog.common.areal_version import installed_version
 from areal_watchdog.common.errors import UserError
-from areal_watchdog.common.rankset import format_ranks
+from areal_watchdog.common.rankset import format_ranks, parse_ranks
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.config.load import load_config
 from areal_watchdog.config.model import JobConfig
@@ -144,8 +144,8 @@ def cmd_launch(name: str, argv: list[str], watchdog: bool) -> int:
     plan = target.plan(config, enabled)
     resuming = enabled and config.watchdog.on_hang == "resume"
     if resuming:
-        check_resumable(config, name, plan.mode)
-        plan = replace(plan, notes=[*plan.notes, *resume_notes(config)])
+        check_resumable(config, name, plan.mode, getattr(args, "wait", False))
+        plan = replace(plan, notes=[*plan.notes, *resume_notes(config, plan.mode, name)])
     if args.dry_run:
         print(plan.render())
         return 0
@@ -203,6 +203,13 @@ def cmd_cancel(argv: list[str], _watchdog: bool) -> int:
     return 0
 
 
+def _groups(text: str) -> tuple[int, ...]:
+    try:
+        return parse_ranks(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list like 0,2-3") from None
+
+
 def cmd_replay(argv: list[str], _watchdog: bool) -> int:
     parser = argparse.ArgumentParser(
         prog="areal-launch replay",
@@ -222,6 +229,12 @@ def cmd_replay(argv: list[str], _watchdog: bool) -> int:
         "--nproc",
         type=int,
         help="ranks (default: the recorded DP size); batches are re-split deterministically",
+    )
+    parser.add_argument(
+        "--groups",
+        type=_groups,
+        help="only these groups (rows) of the step's batch, e.g. 0,2-3, padded with the groups "
+        "of the step before, which trained (what a bisection does)",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
     parser.add_argument(
@@ -248,6 +261,7 @@ def cmd_replay(argv: list[str], _watchdog: bool) -> int:
         args.unsafe_load,
         args.allow_config_change,
         tuple(args.overrides),
+        args.groups,
     )
     replay = plan_replay_config(request)
     config, steps = replay.config, replay.steps

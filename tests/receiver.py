@@ -27,6 +27,12 @@ class Received:
         return json.loads(self.body)
 
 
+def slack_answer(body: bytes, count: int) -> bytes:
+    """What ``chat.postMessage`` answers: ok, the channel, and the new message's ts."""
+    channel = json.loads(body).get("channel")
+    return json.dumps({"ok": True, "channel": channel, "ts": f"1795600000.{count:06d}"}).encode()
+
+
 class Receiver:
     """Answers with the scripted (status, headers, delay) in order, then 200 for the rest."""
 
@@ -44,12 +50,15 @@ class Receiver:
                 outer.requests.append(Received(self.path, headers, body, ok))
                 status, extra, delay = outer.script.pop(0) if outer.script else (200, {}, 0.0)
                 time.sleep(delay)
+                answer = b"go away: token=hunter2secret" if status == 400 else b"ok"
+                if self.path.endswith("/chat.postMessage"):  # Slack's Web API, as a bot posts
+                    answer = slack_answer(body, len(outer.requests))
                 try:
                     self.send_response(status)
                     for name, value in extra.items():
                         self.send_header(name, value)
                     self.end_headers()
-                    self.wfile.write(b"go away: token=hunter2secret" if status == 400 else b"ok")
+                    self.wfile.write(answer)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up waiting (the "never answers" test)
 

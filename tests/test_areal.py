@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,8 +101,9 @@ def run_areal(
         link.unlink()
     link.symlink_to(harness)
     kwargs.setdefault("prefix", LOOPBACK)
+    kwargs.setdefault("timeout", 420)
     overrides = [*FAST, f"++launch.python={python}", *overrides]
-    return launcher.run(overrides, trial=trial, config=CONFIG, timeout=420, **kwargs)
+    return launcher.run(overrides, trial=trial, config=CONFIG, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -248,9 +250,15 @@ def test_single_controller_hang_names_the_rollout_worker(
     }
 
 
+TWO_RANKS = ["actor.backend=fsdp:d2", "+actor.ppo_n_minibatches=2"]
+RECOVER = ["recover.mode=auto", "+recover.freq_steps=1"]
+RESUME = ["watchdog.on_hang=resume", "+watchdog.resume.backoff=1"]
+
+
 @needs_areal
 @needs_root
 @pytest.mark.slow
+@pytest.mark.parametrize("areal", ["1.0.4"], indirect=True)  # 2.0.0: the resume test below
 def test_training_side_hang_is_named_and_its_replay_hangs_the_same_way(
     launcher: Launcher, train_harness: Path, areal: str
 ) -> None:
@@ -258,10 +266,8 @@ def test_training_side_hang_is_named_and_its_replay_hangs_the_same_way(
     own code over a sample, its peer waits in FSDP's all-gather. The dumped step replays from
     AReaL's recover checkpoint of global step 1, with no rollout, hangs the same way, and the
     replay's report says the same; the original run's checkpoint is left as it was."""
-    two_ranks = ["actor.backend=fsdp:d2", "+actor.ppo_n_minibatches=2"]
-    recover = ["recover.mode=auto", "+recover.freq_steps=1"]
     result = run_areal(
-        launcher, train_harness, "th", python=areal, overrides=[*two_ranks, *recover]
+        launcher, train_harness, "th", python=areal, overrides=[*TWO_RANKS, *RECOVER]
     )
     assert result.returncode == 3, result.output[-4000:]
     (report,) = result.reports
@@ -296,6 +302,99 @@ def test_training_side_hang_is_named_and_its_replay_hangs_the_same_way(
     assert "holds step 1, not 0 (AReaL keeps the newest)" in replayed.stdout
     log = next((runs / "th_replay1" / "watchdog" / "logs").glob("controller_*.log"))
     assert "Train step 1/" in log.read_text(errors="replace")
+
+
+@needs_areal
+@needs_root
+@pytest.mark.slow
+@pytest.mark.parametrize("areal", ["2.0.0"], indirect=True)  # 1.0.4: the replay test above
+def test_a_data_dependent_hang_is_bisected_to_its_row_and_the_job_resumes_without_it(
+    launcher: Launcher, train_harness: Path, areal: str
+) -> None:
+    """``on_hang: resume`` on the single controller: after the report of the hang at global
+    step 2, the launcher replays the step on this node (it hangs the same way: the hang follows
+    the data), bisects its batch to the one poisoned row, quarantines it, and resumes from
+    AReaL's recover checkpoint of step 1 without it; the job completes by itself."""
+    result = run_areal(
+        launcher, train_harness, "tr", python=areal,
+        overrides=[*TWO_RANKS, *RECOVER, *RESUME, "total_train_steps=4"], timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.output[-4000:]
+    (report,) = result.reports  # the replays report in their own run directories
+    assert (report["category"], report["last_step"]) == ("straggler", 2)
+    recovery = report["recovery"]
+    assert (recovery["decision"], recovery["resumes_after_step"]) == ("resume", 1)
+    whole, *bisection = recovery["replays"]
+    assert whole["groups"] is None and whole["hung"], recovery
+    assert "restart_positions()" in whole["hang"] and "straggler" in whole["hang"]
+    assert bisection and bisection[-1]["hung"] and len(bisection[-1]["groups"]) == 1, recovery
+    (row,) = recovery["rows_skipped"]
+    assert "<|doc_sep|>" in row["prompt"] and row["group"] == bisection[-1]["groups"][0]
+    rows = json.loads((result.run_dir / "quarantine.json").read_text())["rows"]
+    assert [r["prompt"] for r in rows] == [row["prompt"]]
+    follows = "hangs the same way when replayed on one node: the hang follows the data"
+    assert follows in recovery["reason"]
+    markdown = next(result.run_dir.glob("incidents/*/report.md")).read_text()
+    assert "## Recovery" in markdown and "Rows left out of the resumed run" in markdown
+    assert "quarantine: 1 row(s) of the training data left out" in result.output
+    assert "after 1 resume(s) the job completed" in result.output
+    shown = subprocess.run(
+        [sys.executable, "-m", "areal_watchdog.cli", "status", str(result.run_dir)],
+        capture_output=True, text=True, cwd=REPO, check=True,
+    ).stdout  # fmt: skip
+    assert "step 2: resume, time lost" in shown and "1 row(s) quarantined" in shown
+    log = (result.run_dir / "watchdog" / "logs").glob("controller_*.log")
+    assert "Recovering from StepInfo(" in next(log).read_text(errors="replace")
+
+
+def freeze_once(run_dir: Path, rank: int, after: str, timeout: float = 600) -> threading.Thread:
+    """SIGSTOP ``rank`` of an SPMD run once, when the dump file ``after`` exists: a rank
+    frozen once (a transient hang: the resumed job has no reason to hang again)."""
+
+    def freeze() -> None:
+        deadline = time.monotonic() + timeout
+        registration = run_dir / "watchdog" / "ranks" / f"rank_{rank}.json"
+        while time.monotonic() < deadline:
+            if (run_dir / "debug_trajectories" / after).exists() and registration.exists():
+                os.kill(json.loads(registration.read_text())["pid"], signal.SIGSTOP)
+                return
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=freeze, daemon=True)
+    thread.start()
+    return thread
+
+
+@needs_areal
+@needs_root
+@pytest.mark.slow
+@pytest.mark.parametrize("areal", ["1.0.4"], indirect=True)  # 2.0.0: the replay test below
+def test_spmd_rank_frozen_once_replays_clean_and_the_job_resumes(
+    launcher: Launcher, harness: Path, areal: str
+) -> None:
+    """``on_hang: resume`` in SPMD on two ranks: rank 1 freezes once, after dumping step 1. The
+    report names it; the dumped step replays on torchrun alone (no server launcher) without
+    hanging, so the hang is transient; the job resumes from AReaL's recover checkpoint (the
+    server launcher, name_resolve and torchrun again) and completes."""
+    run_dir = launcher.root / "gsm8k-grpo" / "frozen"
+    freeze_once(run_dir, rank=1, after="step_000001_dp_1.pt")
+    result = run_areal(
+        launcher, harness, "frozen", python=areal, timeout=900,
+        overrides=["launch.mode=spmd", *TWO_RANKS,
+                   *RECOVER, *RESUME, "total_train_steps=3"],
+    )  # fmt: skip
+    assert result.returncode == 0, result.output[-4000:]
+    (report,) = result.reports
+    assert report["culprit_ranks"] == [1] and "stopped" in report["summary"], report["summary"]
+    recovery = report["recovery"]
+    (replayed,) = recovery["replays"]
+    assert (replayed["groups"], replayed["hung"], replayed["exit_code"]) == (None, False, 0)
+    assert "without hanging" in recovery["reason"] and recovery["rows_skipped"] == []
+    log = (Path(replayed["run_dir"]) / "areal-launch.log").read_text()
+    assert "inference-servers" not in log  # the replay is torchrun alone
+    assert "after 1 resume(s) the job completed" in result.output
+    trained = launcher.root / "logs" / getpass.getuser() / "gsm8k-grpo" / "frozen" / "trainer.log"
+    assert "Recovering from StepInfo(" in trained.read_text(errors="replace")
 
 
 @needs_areal

@@ -83,3 +83,28 @@ def test_nproc_sets_the_data_parallel_size_of_the_actor(
     err = capsys.readouterr().err
     assert "--nproc 2: actor.backend 'fsdp' has no single d<N> to change" in err
     assert "Traceback" not in err
+
+
+def test_groups_pick_rows_of_one_step_padded_with_the_step_before(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What a bisection replays: some groups of the hung step, padded with the groups of the
+    step before (they trained), so that every data-parallel rank still gets work."""
+    from areal_watchdog.trajectory.reader import Replay
+
+    run = areal_run(tmp_path, "disabled", saved_step=None)
+    replay = plan_replay_config(ReplayRequest(run, step=2, groups=(1,)))
+    env = replay.config.launch.env
+    assert env["AREAL_WATCHDOG_REPLAY_GROUPS"] == env["AREAL_WATCHDOG_REPLAY_PAD_STEP"] == "1"
+    assert replay.config.trial_name == "t_replay2_g1"
+    assert env["AREAL_WATCHDOG_REPLAY_PAD_TO"] == "1"  # the actor's fsdp:d1
+    fed = Replay(run / "debug_trajectories", [2], 0, 1, groups=[1], pad_step=1, pad_to=4)
+    ((step, groups),) = list(fed.batches())
+    assert step == 2 and [g["prompt_id"] for g in groups] == ["p20-1", "p10-0", "p10-1", "p10-0"]
+    resharded = plan_replay_config(ReplayRequest(run, step=2, groups=(1,), nproc=2))
+    assert resharded.config.launch.env["AREAL_WATCHDOG_REPLAY_PAD_TO"] == "2"
+    assert main(["replay", str(run), "--step", "2", "--groups", "0,5", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("--groups: step 2 holds groups 0-1, not 5")
+    assert main(["replay", str(run), "--from", "1", "--to", "2", "--groups", "0", "--dry-run"]) == 2
+    assert "--groups picks groups of one step" in capsys.readouterr().err

@@ -424,3 +424,32 @@ def test_a_sink_that_gives_up_is_said_with_the_spool_path(
         assert len(Spool(tmp_path / "spool").pending()) == 1
     else:
         assert Spool(tmp_path / "spool").pending() == []
+
+
+def test_a_slack_bot_posts_to_its_channel_and_slacks_refusal_in_a_200_is_no_delivery(
+    receiver: Receiver, report: dict
+) -> None:
+    """With a bot token Slack's Web API answers every post with 200: ``ok`` and the message's
+    ts (a later reply threads under it), or an error, which is no delivery."""
+    os.environ["TEST_SLACK_TOKEN"] = "xoxb-test-token"
+
+    def bot(path: str) -> SinkSpec:
+        item = {"type": "slack", "token_env": "TEST_SLACK_TOKEN", "channel": "C0ALERTS",
+                "api_url": receiver.url(path), "backoff": 0.05}  # fmt: skip
+        return parse_sinks([item], "c.yaml")[0]
+
+    posted = deliver(bot("/api/chat.postMessage"), report)
+    assert posted.delivered and posted.thread == {"channel": "C0ALERTS", "ts": "1795600000.000001"}
+    (request,) = receiver.requests
+    assert request.json()["channel"] == "C0ALERTS"
+    assert request.headers["Authorization"] == "Bearer xoxb-test-token"
+    refused = deliver(bot("/not-slack"), report)  # answers 200 "ok", not Slack's JSON
+    assert not refused.delivered and not refused.retryable
+    assert "Slack API: the answer is not JSON" in refused.describe()
+    with pytest.raises(ConfigError, match="channel`: is missing: a bot token posts to a channel"):
+        parse_sinks([{"type": "slack", "token_env": "T"}], "c.yaml")
+    with pytest.raises(ConfigError, match="give a token or a webhook_url, not both"):
+        parse_sinks([{"type": "slack", "token_env": "T", "webhook_url_env": "U", "channel": "C"}],
+                    "c.yaml")  # fmt: skip
+    with pytest.raises(ConfigError, match="use token_env"):
+        parse_sinks([{"type": "slack", "token": "xoxb-1", "channel": "C"}], "c.yaml")

@@ -23,10 +23,15 @@ RESUME = [
     "demo.hang_step=4",
 ]
 SECRET = "resume-signing-secret"
-NOTIFY = (
-    "+watchdog.notify=[{type: webhook, url_env: HOOK_URL, secret_env: HOOK_SECRET},"
-    " {type: slack, webhook_url_env: SLACK_URL}]"
-)
+SLACK_TOKEN = "xoxb-resume-test-bot-token"
+
+
+def notify(slack_api: str) -> str:
+    """A signed webhook and a Slack bot (a token and a channel: replies go in the thread)."""
+    return (
+        "+watchdog.notify=[{type: webhook, url_env: HOOK_URL, secret_env: HOOK_SECRET},"
+        f" {{type: slack, token_env: SLACK_TOKEN, channel: C0ALERTS, api_url: '{slack_api}'}}]"
+    )
 
 
 def hang(category: str, step: int | None, where: str = "train.py:90 in announce_metrics") -> Hang:
@@ -47,6 +52,13 @@ def test_a_hang_that_comes_back_at_the_same_step_stops_the_resumes() -> None:
     assert not spent.resume and "3 resume(s) spent" in spent.reason
 
 
+def test_a_spinning_culprit_sampled_on_another_line_hangs_the_same_way() -> None:
+    first = hang("straggler", 2, "at modeling_tiny.py:32 in restart_positions()")
+    again = hang("straggler", 2, "at modeling_tiny.py:31 in restart_positions()")
+    elsewhere = hang("straggler", 2, "at modeling_tiny.py:31 in forward()")
+    assert first.same_as(again) and not first.like(elsewhere)
+
+
 def test_an_unknown_hang_is_never_the_same_as_another() -> None:
     unknown = Hang.from_report(None, None, resumed_after=3)
     assert decide([unknown, unknown], max_attempts=3, backoff=0).resume
@@ -64,15 +76,14 @@ def test_a_transient_hang_is_resumed_from_the_checkpoint_and_the_job_completes(
     launcher: Launcher, tmp_path: Path
 ) -> None:
     """Rank 2 freezes once (SIGSTOP) at step 4: reported, ended, started again after step 3;
-    the webhook and Slack hear the decision under the incident's id."""
+    the webhook hears the decision under the incident's id, Slack in the incident's thread."""
     checkpoint = tmp_path / "ckpt.json"
     receiver = Receiver(SECRET)
-    env = {"HOOK_URL": receiver.url("/hook"), "HOOK_SECRET": SECRET,
-           "SLACK_URL": receiver.url("/slack")}  # fmt: skip
+    env = {"HOOK_URL": receiver.url("/hook"), "HOOK_SECRET": SECRET, "SLACK_TOKEN": SLACK_TOKEN}
     try:
         result = launcher.run(
-            [*RESUME, NOTIFY, "demo.hang=collective_stuck", "demo.hang_once=true",
-             f"demo.checkpoint={checkpoint}"], trial="transient", env=env,
+            [*RESUME, notify(receiver.url("/api/chat.postMessage")), "demo.hang=collective_stuck",
+             "demo.hang_once=true", f"demo.checkpoint={checkpoint}"], trial="transient", env=env,
         )  # fmt: skip
     finally:
         receiver.close()
@@ -92,8 +103,15 @@ def test_a_transient_hang_is_resumed_from_the_checkpoint_and_the_job_completes(
         ("hang.recovery", report["incident_id"]),
     ]
     assert hooks[1]["recovery"] == report["recovery"]
-    slack = [r.json()["text"] for r in receiver.requests if r.path == "/slack"]
-    assert len(slack) == 2 and f"resumed after incident {report['incident_id']}" in slack[1]
+    slack = [r for r in receiver.requests if r.path == "/api/chat.postMessage"]
+    assert {r.headers["Authorization"] for r in slack} == {f"Bearer {SLACK_TOKEN}"}
+    posted, reply = (r.json() for r in slack)
+    assert posted["channel"] == reply["channel"] == "C0ALERTS" and "thread_ts" not in posted
+    first_ts = f"1795600000.{receiver.requests.index(slack[0]) + 1:06d}"  # as Slack answered
+    assert reply["thread_ts"] == first_ts
+    assert f"resumed after incident {report['incident_id']}" in reply["text"]
+    stored = [p.read_bytes() for p in result.run_dir.rglob("*") if p.is_file()]
+    assert SLACK_TOKEN not in result.output and not any(SLACK_TOKEN.encode() in b for b in stored)
     shown = status(result.run_dir)
     assert "(local run, no Slurm job)" in shown
     assert "hang 1: " in shown and "step 3: resume, time lost" in shown
@@ -119,7 +137,7 @@ def test_a_hang_that_follows_the_job_is_resumed_once_then_stopped(launcher: Laun
     assert "outcome: stopped: the same hang came back" in status(result.run_dir)
 
 
-def test_dry_run_shows_what_a_resume_runs_and_slurm_says_not_yet(
+def test_dry_run_shows_what_a_resume_runs_and_what_is_refused_says_why(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from areal_watchdog.cli import main
@@ -133,4 +151,20 @@ def test_dry_run_shows_what_a_resume_runs_and_slurm_says_not_yet(
     assert main(["--watchdog", "slurm", str(DEMO_CONFIG), "watchdog.on_hang=resume",
                  "--dry-run"]) == 2  # fmt: skip
     error = capsys.readouterr().err.strip().splitlines()
-    assert len(error) == 1 and "on_hang: resume starts torchrun scripts again" in error[0]
+    assert len(error) == 1 and "on Slurm follows the job from this shell: add --wait" in error[0]
+    assert main(["--watchdog", "slurm", str(DEMO_CONFIG), "watchdog.on_hang=resume", "--wait",
+                 "--dry-run"]) == 0  # fmt: skip
+    assert "in a new allocation without the nodes a transient hang named" in (
+        capsys.readouterr().out
+    )
+    # An AReaL job restarts from AReaL's recover checkpoint: a config that never writes one
+    # is refused (the example's recover.mode is disabled).
+    areal = REPO / "examples" / "areal" / "gsm8k_grpo.yaml"
+    assert main(["--watchdog", "local", str(areal), "watchdog.on_hang=resume", "--dry-run"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "set recover.mode: auto and recover.freq_steps: 1" in error[0]
+    assert main(["--watchdog", "local", str(areal), "watchdog.on_hang=resume", "recover.mode=auto",
+                 "+recover.freq_steps=1", "--dry-run"]) == 0  # fmt: skip
+    shown = capsys.readouterr().out
+    assert "runs again from AReaL's recover checkpoint of the trial" in shown
+    assert "AREAL_WATCHDOG_QUARANTINE=<RUN_DIR/quarantine.json" in shown

@@ -332,3 +332,35 @@ def test_status_and_cancel(runs: SlurmRuns, capsys: pytest.CaptureFixture[str]) 
     out = capsys.readouterr().out
     assert "CANCELLED" in out
     assert "\n  incident " not in out  # a cancel is not a lost node
+
+
+@pytest.mark.slurm
+def test_a_transient_hang_resumes_in_a_new_allocation_without_the_culprit_node(
+    runs: SlurmRuns,
+) -> None:
+    """``on_hang: resume`` on Slurm: rank 1 of a one-node job freezes once (SIGSTOP) at step 3.
+    The job is cancelled after the report; no dumped step to replay, so the hang is taken as
+    transient, and the job starts again from its checkpoint in a new allocation that excludes
+    the node the report named; it completes there."""
+    checkpoint = runs.root / "ckpt.json"
+    proc = runs.launch(
+        "resume", "cluster.n_nodes=1", "watchdog.on_hang=resume", "+watchdog.resume.backoff=0",
+        "demo.hang=collective_stuck", "demo.hang_rank=1", "+demo.hang_once=true",
+        f"+demo.checkpoint={checkpoint}",
+    )  # fmt: skip
+    first = runs.job_id("resume")
+    run_dir = runs.root / "slurm-test" / "resume"
+    code, output = runs.finish(proc, timeout=240)
+    resumed = json.loads((run_dir / "watchdog" / "slurm_job.json").read_text())["job_id"]
+    runs.job_ids.append(resumed)
+    assert code == 0, output
+    (report,) = read_reports(run_dir)
+    (culprit,) = report["culprit_nodes"]
+    assert report["culprit_ranks"] == [1] and report["job"]["job_id"] == first
+    recovery = report["recovery"]
+    assert recovery["decision"] == "resume" and recovery["nodes_excluded"] == [culprit]
+    assert resumed != first
+    ran_on = job_state(resumed).get("NodeList")
+    assert ran_on and ran_on != culprit, (ran_on, output[-3000:])
+    assert json.loads(checkpoint.read_text())["step"] == 6  # all steps, the last ones there
+    assert "after 1 resume(s) the job completed" in output

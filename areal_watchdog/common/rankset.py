@@ -22,6 +22,19 @@ def format_ranks(ranks: Iterable[int]) -> str:
     return ", ".join(parts)
 
 
+def parse_ranks(text: str) -> tuple[int, ...]:
+    """The inverse of ``format_ranks``: ``"0-3, 5"`` -> ``(0, 1, 2, 3, 5)``; ValueError when
+    a part is not a number or a range."""
+    values: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        first, dash, last = part.partition("-")
+        low, high = int(first), int(last if dash else first)
+        if low < 0 or high < low:
+            raise ValueError(part)
+        values.update(range(low, high + 1))
+    return tuple(sorted(values))
+
+
 def ranks_phrase(ranks: Iterable[int]) -> str:
     """``"rank 3"`` or ``"ranks 0-2, 5"``."""
     values = sorted(set(ranks))

@@ -87,6 +87,7 @@ class WatchdogSection:
     confirm_after: float | None = None  # the second look before on_hang=cancel (None: auto)
     resume_max_attempts: int = 3  # on_hang=resume: relaunches of one run, at most
     resume_backoff: float = 10.0  # seconds before the first relaunch, doubled for each next
+    resume_max_replays: int = 6  # replays of one hang's step: the whole batch, then bisection
     node_timeout: float = 10.0
     evidence_timeout: float = 10.0
     debug_env: dict[str, str] = field(default_factory=dict)

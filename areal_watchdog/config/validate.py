@@ -42,7 +42,7 @@ WATCHDOG_KEYS = {
 }  # fmt: skip
 GPU_KEYS = {"backend", "recording", "idle_utilization", "spin_power_fraction", "idle_timeout"}
 TRAJECTORY_KEYS = {"enabled", "max_keep", "pin_steps", "dump_steps"}
-RESUME_KEYS = {"max_attempts", "backoff"}
+RESUME_KEYS = {"max_attempts", "backoff", "max_replays"}
 # watchdog.<key> (or watchdog.gpu.<key>) -> the smallest value that makes sense
 SECONDS = {
     "startup_timeout": 1e-9,
@@ -267,5 +267,8 @@ def _resume(check: Checker, tree: dict[str, Any]) -> dict[str, Any]:
         ),
         "resume_backoff": check.number(
             tree, "watchdog.resume.backoff", default(WatchdogSection, "resume_backoff"), 0.0
+        ),
+        "resume_max_replays": check.integer(
+            tree, "watchdog.resume.max_replays", default(WatchdogSection, "resume_max_replays"), 1
         ),
     }

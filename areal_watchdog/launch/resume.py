@@ -1,9 +1,12 @@
 """``on_hang: resume``: after the report, the job is ended and started again, as
 ``resume_policy`` decides, until it completes or the policy stops.
 
-The script restarts from its own checkpoint; it learns that it resumes from two variables
-(``ENV_ATTEMPT``, ``ENV_LAST_STEP``). What happened is kept in ``watchdog/recovery.json``
-(``areal-launch status`` shows it) and in each hang's report (its ``recovery`` section).
+Before a resume, the hung step is replayed on this node when the run dumped it
+(``replay_decides``): a step that hangs the same way is bisected and its hanging rows are left
+out of the resumed run (``quarantine.json``). An AReaL job restarts from AReaL's recover
+checkpoint; a torchrun script from its own, told by two variables (``ENV_ATTEMPT``,
+``ENV_LAST_STEP``). What happened is kept in ``watchdog/recovery.json`` (``areal-launch status``
+shows it) and in each hang's report (its ``recovery`` section).
 """
 
 from __future__ import annotations
@@ -21,40 +24,74 @@ from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.backend import Backend
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.plan import LaunchPlan
+from areal_watchdog.launch.replay_decides import ReplayFinding, replay_decides
 from areal_watchdog.launch.resume_policy import Decision, Hang, decide
 from areal_watchdog.notify.recovery import send_recovery
 from areal_watchdog.notify.sinks import SinkSpec
 from areal_watchdog.report.build import iso
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.trajectory.areal_replay import recover_info_dir, recovered_step
+from areal_watchdog.trajectory.quarantine import ENV_QUARANTINE
 
 ENV_ATTEMPT = "AREAL_WATCHDOG_RESUME_ATTEMPT"  # 1 on the first resume, 2 on the next, ...
 ENV_LAST_STEP = "AREAL_WATCHDOG_RESUME_LAST_STEP"  # the last step seen before the hang
 # A hang's record entry as its report's ``recovery`` section shows it (report/schema.json).
 RECOVERY_FIELDS = (
     "attempt", "max_attempts", "decision", "reason", "backoff_s", "relaunched_at", "time_lost_s",
+    "replay", "replays", "rows_skipped", "resumes_after_step", "nodes_excluded",
 )  # fmt: skip
+AREAL_RECOVER_MODES = ("on", "auto")  # AReaL's modes that load the trial's recover checkpoint
 
 
-def check_resumable(config: JobConfig, backend: str, mode: str) -> None:
-    """Refuse, in one line, a resume this release cannot do yet."""
-    if config.watchdog.on_hang == "resume" and (backend, mode) != ("local", "torchrun"):
+def check_resumable(config: JobConfig, backend: str, mode: str, wait: bool = True) -> None:
+    """Refuse, in one line, a resume this release cannot do yet, or one that would start an
+    AReaL job from its first step."""
+    if config.watchdog.on_hang != "resume":
+        return
+    if backend == "slurm" and (mode != "torchrun" or not wait):
         raise UserError(
-            f"{config.source}: watchdog.on_hang: resume starts torchrun scripts again on the "
-            f"local backend (this is {backend}, {mode}); use on_hang: cancel here for now"
+            f"{config.source}: watchdog.on_hang: resume on Slurm "
+            + ("follows the job from this shell: add --wait" if mode == "torchrun" else
+               f"starts torchrun scripts again (this is {mode}); use the local backend or "
+               "on_hang: cancel here for now")
+        )  # fmt: skip
+    if mode == "torchrun":
+        return
+    recover = config.raw.get("recover") if isinstance(config.raw.get("recover"), dict) else {}
+    if recover.get("mode") not in AREAL_RECOVER_MODES or not (
+        recover.get("freq_steps") or recover.get("freq_epochs")
+    ):
+        raise UserError(
+            f"{config.source}: recover: watchdog.on_hang: resume restarts an AReaL job from its "
+            f"recover checkpoint, which this config never writes (recover.mode "
+            f"{recover.get('mode')!r}, freq_steps {recover.get('freq_steps')!r}): set "
+            "recover.mode: auto and recover.freq_steps: 1"
         )
 
 
-def resume_notes(config: JobConfig) -> list[str]:
+def resume_notes(config: JobConfig, mode: str, backend: str = "local") -> list[str]:
     """What ``--dry-run`` says a resume would run."""
     wd = config.watchdog
     waits = ", ".join(f"{wd.resume_backoff * 2**n:g} s" for n in range(wd.resume_max_attempts))
+    start = (
+        "AReaL's recover checkpoint of the trial (recover.mode: auto)"
+        if mode != "torchrun"
+        else "the script's own checkpoint"
+    )
     return [
-        f"on a hang (watchdog.on_hang: resume): the report first, then the job is ended and this "
-        f"plan runs again, up to {wd.resume_max_attempts} time(s) (after {waits}), with",
+        f"on a hang (watchdog.on_hang: resume): the report first, then the job is ended; the "
+        f"hung step, when dumped, is replayed on this node (at most {wd.resume_max_replays} "
+        "replays, bisecting a batch that hangs the same way; its hanging rows go to "
+        "quarantine.json and out of the resumed run);",
+        f"then this plan runs again from {start}, up to {wd.resume_max_attempts} time(s) "
+        f"(after {waits}), with",
         f"  {ENV_ATTEMPT}=<1, 2, ...>",
         f"  {ENV_LAST_STEP}=<the last step seen before the hang>",
+        f"  {ENV_QUARANTINE}=<RUN_DIR/quarantine.json, once rows are quarantined>",
+        *(["  in a new allocation without the nodes a transient hang named (--exclude)"]
+          if backend == "slurm" else []),
         "  and stops when the same hang comes back at the same step (docs/recovery.md)",
-    ]
+    ]  # fmt: skip
 
 
 class _Record:
@@ -82,39 +119,121 @@ def run_resuming(target: Backend, config: JobConfig, plan: LaunchPlan, out: Text
     layout = RunLayout(Path(plan.run_dir))
     wd = config.watchdog
     record, hangs = _Record(layout, wd.resume_max_attempts), []
+    excluded: set[str] = set()  # Slurm: nodes the hangs named, left out of the next allocation
     while True:
         started = time.time()
         code = target.execute(plan, out)
         if code != ExitCode.HANG_CANCELLED:
-            if hangs:
-                outcome = "completed" if code == ExitCode.OK else f"ended with exit code {code}"
-                _say(out, f"after {len(hangs)} resume(s) the job {outcome}")
-                record.end(outcome)
-            return code
+            return _ended(code, len(hangs), record, out)
         incident_id, report = _newest_hang(layout, started)
         hangs.append(Hang.from_report(report, incident_id, hangs[-1].step if hangs else None))
-        decision = decide(hangs, wd.resume_max_attempts, wd.resume_backoff)
+        try:
+            decision, finding = _decide(config, layout, hangs, report, out, target.name)
+        except KeyboardInterrupt:
+            _say(out, "interrupted while replaying: not resuming")
+            record.end("interrupted before resuming")
+            return ExitCode.INTERRUPTED
         entry = _entry(len(hangs), wd.resume_max_attempts, hangs[-1], decision, report)
+        entry.update(_replayed(finding, config, hangs[-1], decision))
+        if target.name == "slurm" and decision.resume and not (finding and finding.same_hang):
+            excluded |= _named_nodes(report)  # transient or hardware: not on those nodes again
+        entry["nodes_excluded"] = sorted(excluded)
         record.add(entry)
         _say(out, decision.reason)
         if isinstance(report, dict):  # the disk took it: the report and the sinks hear it
-            section = {k: entry[k] for k in RECOVERY_FIELDS}
-            _note_in_report(layout, report, section)
-            sinks = [SinkSpec.from_dict(d) for d in wd.notify]
-            send_recovery(sinks, layout.spool_dir, report, section, lambda m: _say(out, m))
+            _tell(layout, config, report, {k: entry[k] for k in RECOVERY_FIELDS}, out)
         if not decision.resume:
             record.end(f"stopped: {decision.reason}")
             return code
         if not _wait(decision.backoff_s, out):
             record.end("interrupted before resuming")
             return ExitCode.INTERRUPTED
-        plan = _resumed_plan(target, config, len(hangs), hangs[-1].step)
+        plan = _resumed_plan(target, config, len(hangs), hangs[-1].step, excluded)
 
 
-def _resumed_plan(target: Backend, config: JobConfig, attempt: int, step: int | None) -> LaunchPlan:
-    """The same launch with the resume variables; the run's recovery record is kept."""
+def _ended(code: int, hangs: int, record: _Record, out: TextIO) -> int:
+    """The run ended without a hang: say how, after resumes."""
+    if hangs:
+        outcome = "completed" if code == ExitCode.OK else f"ended with exit code {code}"
+        _say(out, f"after {hangs} resume(s) the job {outcome}")
+        record.end(outcome)
+    return code
+
+
+def _decide(
+    config: JobConfig, layout: RunLayout, hangs: list[Hang], report: dict[str, Any] | None,
+    out: TextIO, backend: str,
+) -> tuple[Decision, ReplayFinding | None]:  # fmt: skip
+    """The policy's decision, the replays' finding first when it may resume (a stop needs
+    no replay; on Slurm the replay would run on this submit host, not in an allocation: not
+    yet)."""
+    wd = config.watchdog
+    decision = decide(hangs, wd.resume_max_attempts, wd.resume_backoff)
+    if not decision.resume:
+        return decision, None
+    if backend == "slurm":
+        dumped = ((report or {}).get("trajectory") or {}).get("step") is not None
+        note = "no replay on Slurm yet (the local backend replays), so it is taken as transient"
+        note_if = note if dumped else None
+        return decide(hangs, wd.resume_max_attempts, wd.resume_backoff, note_if), None
+    finding = replay_decides(config, layout.run_dir, hangs[-1], report, out)
+    note = finding.note if finding else None
+    return decide(hangs, wd.resume_max_attempts, wd.resume_backoff, note), finding
+
+
+def _tell(
+    layout: RunLayout, config: JobConfig, report: dict[str, Any], section: dict[str, Any],
+    out: TextIO,
+) -> None:  # fmt: skip
+    """The decision in the hang's report, and to every sink."""
+    _note_in_report(layout, report, section)
+    sinks = [SinkSpec.from_dict(d) for d in config.watchdog.notify]
+    send_recovery(sinks, layout.spool_dir, report, section, lambda m: _say(out, m))
+
+
+def _replayed(
+    finding: ReplayFinding | None, config: JobConfig, hang: Hang, decision: Decision
+) -> dict[str, Any]:
+    """The replays' part of a hang's record: what they showed, the rows left out, and the step
+    the job restarts after (an AReaL job: its recover checkpoint's)."""
+    restart = None
+    if decision.resume:
+        info = recover_info_dir(config.raw)
+        restart = recovered_step(info) if info else hang.step
+    return {
+        "replay": finding.note if finding else None,
+        "replays": [r.as_dict() for r in finding.replays] if finding else [],
+        "rows_skipped": [
+            {"step": r.step, "group": r.group, "prompt": r.prompt} for r in finding.quarantined
+        ]
+        if finding
+        else [],
+        "resumes_after_step": restart,
+    }
+
+
+def _named_nodes(report: dict[str, Any] | None) -> set[str]:
+    """The nodes a hang's evidence names: its culprits' and the ones that stopped answering."""
+    report = report or {}
+    names = [*(report.get("culprit_nodes") or []), *(report.get("unanswered_nodes") or [])]
+    return {n for n in names if isinstance(n, str) and n}
+
+
+def _resumed_plan(
+    target: Backend, config: JobConfig, attempt: int, step: int | None, excluded: set[str]
+) -> LaunchPlan:
+    """The same launch with the resume variables (and the quarantine, when there is one), on
+    Slurm without the ``excluded`` nodes; the run's recovery record is kept."""
     env = {**config.launch.env, ENV_ATTEMPT: str(attempt), ENV_LAST_STEP: str(step or 0)}
-    plan = target.plan(replace(config, launch=replace(config.launch, env=env)), watchdog=True)
+    quarantine = RunLayout(config.run_dir.resolve()).quarantine_file
+    if quarantine.is_file():
+        env[ENV_QUARANTINE] = str(quarantine)
+    slurm = dict(config.launch.slurm)
+    if excluded:
+        given = {n for n in str(slurm.get("exclude") or "").split(",") if n}
+        slurm["exclude"] = ",".join(sorted(given | excluded))
+    launch = replace(config.launch, env=env, slurm=slurm)
+    plan = target.plan(replace(config, launch=launch), watchdog=True)
     keep = str(RunLayout(Path(plan.run_dir)).recovery_file)
     return replace(plan, reset_paths=[p for p in plan.reset_paths if p != keep])
 
@@ -170,10 +289,29 @@ def _note_in_report(layout: RunLayout, report: dict[str, Any], section: dict[str
     with contextlib.suppress(OSError):
         write_json_atomic(directory / "report.json", {**report, "recovery": section})
         markdown = (directory / "report.md").read_text(encoding="utf-8")
-        said = f"Hang {section['attempt']} (at most {section['max_attempts']} resumes): " + (
-            f"{section['reason']}."
-        )
-        write_text_atomic(directory / "report.md", f"{markdown}\n## Recovery\n\n{said}\n")
+        write_text_atomic(directory / "report.md", f"{markdown}\n{recovery_markdown(section)}")
+
+
+def recovery_markdown(section: dict[str, Any]) -> str:
+    """The report's "Recovery" paragraph: the decision, the replays, the rows left out."""
+    lines = [
+        "## Recovery",
+        "",
+        f"Hang {section['attempt']} (at most {section['max_attempts']} resumes): "
+        f"{section['reason']}.",
+    ]
+    if section.get("replays"):
+        lines += ["", "Replays of the hung step on this node:", ""]
+        for replay in section["replays"]:
+            fed = "the whole batch" if replay["groups"] is None else f"groups {replay['groups']}"
+            shown = f"hung: {replay['hang']}" if replay["hung"] else "no hang"
+            lines.append(f"- {fed}: {shown} (exit code {replay['exit_code']}, "
+                         f"{replay['seconds']} s), `{replay.get('run_dir')}`")  # fmt: skip
+    if section.get("rows_skipped"):
+        lines += ["", "Rows left out of the resumed run (`quarantine.json`):", ""]
+        lines += [f"- step {r['step']}, group {r['group']}: `{r['prompt'][:300]!r}`"
+                  for r in section["rows_skipped"]]  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def _wait(seconds: float, out: TextIO) -> bool:
@@ -200,10 +338,13 @@ def recovery_lines(run_dir: Path) -> list[str]:
     lines = [f"  resumes (on_hang: resume, at most {doc.get('max_attempts', '?')}):"]
     for entry in doc["attempts"]:
         entry = entry if isinstance(entry, dict) else {}
+        replays, rows = entry.get("replays") or [], entry.get("rows_skipped") or []
         lines.append(
             f"    hang {entry.get('attempt', '?')}: {entry.get('hang', '?')}: "
             f"{entry.get('decision', '?')}"
             + (f", time lost {entry['time_lost_s']} s" if entry.get("time_lost_s") else "")
+            + (f", {len(replays)} replay(s)" if replays else "")
+            + (f", {len(rows)} row(s) quarantined" if rows else "")
         )
     if doc.get("outcome"):
         lines.append(f"    outcome: {doc['outcome']}")

@@ -8,6 +8,7 @@ pause in between. Pure: the launcher reads the reports and acts on the decision.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,17 +49,31 @@ class Hang:
             sites=tuple(sorted({_site(p.get("where")) for p in culprits} - {""})),
         )
 
-    def same_as(self, other: Hang) -> bool:
-        """The same hang again: same category, same step, same call sites (an unknown hang is
-        never the same as anything: it cannot be told apart)."""
+    def like(self, other: Hang) -> bool:
+        """Hangs the same way: same category, the culprits in the same functions (not lines: a
+        spinning loop is sampled on any of its lines; an unknown hang is like nothing: it cannot
+        be told apart)."""
         if "unknown" in (self.category, other.category):
             return False
-        return (self.category, self.step, self.sites) == (other.category, other.step, other.sites)
+        return (self.category, _places(self.sites)) == (other.category, _places(other.sites))
+
+    def same_as(self, other: Hang) -> bool:
+        """The same hang again: hangs the same way, at the same step."""
+        return self.like(other) and self.step == other.step
 
     def describe(self) -> str:
-        where = f" at {self.sites[0]}" if self.sites else ""
+        site = self.sites[0] if self.sites else ""
+        where = f" {site}" if site.startswith("at ") else f" at {site}" if site else ""
         step = f"step {self.step}" if self.step is not None else "before the first step"
         return f"{self.category} ({self.culprits}{where}), {step}"
+
+
+def _places(sites: tuple[str, ...]) -> set[str]:
+    """Call sites without their line numbers (``at f.py:9 in g()`` -> ``at f.py in g()``)."""
+    return {_LINE.sub(" in ", site) for site in sites}
+
+
+_LINE = re.compile(r":\d+ in ")
 
 
 def _site(where: object) -> str:
@@ -75,8 +90,11 @@ class Decision:
     backoff_s: float = 0.0
 
 
-def decide(hangs: list[Hang], max_attempts: int, backoff: float) -> Decision:
-    """The decision after the newest of ``hangs`` (every hang of this run, oldest first)."""
+def decide(
+    hangs: list[Hang], max_attempts: int, backoff: float, replay_note: str | None = None
+) -> Decision:
+    """The decision after the newest of ``hangs`` (every hang of this run, oldest first);
+    ``replay_note``: what replaying its step showed (``replay_decides``), None without a dump."""
     newest, resumes = hangs[-1], len(hangs) - 1
     if resumes and newest.same_as(hangs[-2]):
         return Decision(
@@ -88,10 +106,10 @@ def decide(hangs: list[Hang], max_attempts: int, backoff: float) -> Decision:
         return Decision(
             False, f"{max_attempts} resume(s) spent (watchdog.resume.max_attempts): giving up"
         )
-    wait = backoff * 2**resumes
+    why = replay_note or "no dumped step to replay, so it is taken as transient"
     return Decision(
         True,
-        f"resume {resumes + 1} of {max_attempts} after {newest.describe()}: no dumped step to "
-        "replay, so it is taken as transient and the job restarts from its own checkpoint",
-        wait,
+        f"resume {resumes + 1} of {max_attempts} after {newest.describe()}: {why}; the job "
+        "restarts from its last checkpoint",
+        backoff * 2**resumes,
     )

@@ -42,6 +42,7 @@ class Outcome:
     error: str = ""
     retryable: bool = True
     seconds: float = 0.0
+    thread: dict[str, str] | None = None  # Slack with a bot token: the post's channel and ts
 
     def describe(self) -> str:
         if self.delivered:
@@ -96,6 +97,8 @@ def send(
             "User-Agent": "areal-watchdog",
             "webhook-id": message_id,
         }
+        if sink.token:
+            headers["Authorization"] = f"Bearer {sink.token}"
         if spec.type == "webhook":
             timestamp = int(time.time())
             headers["webhook-timestamp"] = str(timestamp)
@@ -108,7 +111,15 @@ def send(
             outcome.error = redactor.scrub(f"{type(exc).__name__}: {exc}")[:300]
         else:
             outcome.status = response.status_code
-            if 200 <= response.status_code < 300:
+            if 200 <= response.status_code < 300 and sink.token:
+                answer = _slack_answer(response, redactor)
+                if isinstance(answer, dict):
+                    outcome.delivered, outcome.thread = True, answer
+                    break
+                outcome.error, outcome.retryable = answer, answer.endswith("ratelimited")
+                if not outcome.retryable:
+                    break
+            elif 200 <= response.status_code < 300:
                 outcome.delivered = True
                 break
             detail = redactor.scrub(response.text.strip().replace("\n", " "))[:300]
@@ -126,6 +137,19 @@ def send(
             sleep(wait)
     outcome.seconds = time.monotonic() - started
     return outcome
+
+
+def _slack_answer(response: Any, redactor: Redactor) -> dict[str, str] | str:
+    """Slack's Web API answers 200 to a refusal too: the post's channel and ts, or the error."""
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        return "Slack API: the answer is not JSON"
+    if answer.get("ok") is True and isinstance(answer.get("ts"), str):
+        return {"channel": str(answer.get("channel") or ""), "ts": answer["ts"]}
+    return f"Slack API: {redactor.scrub(str(answer.get('error') or 'not ok'))[:200]}"
 
 
 GRACE = 1.0  # seconds past a sink's timeout before an attempt is abandoned
@@ -215,7 +239,7 @@ def deliver(
     outcome = send(sink, body, message_id, redactor)
     with contextlib.suppress(OSError):
         if outcome.delivered:
-            spool.mark_delivered(message_id)
+            spool.mark_delivered(message_id, outcome.thread)
         elif outcome.retryable:
             spool.keep(message_id, sink.spec, body, outcome.error)
         else:

@@ -22,7 +22,8 @@ from areal_watchdog.notify.spool import Spool
 def render(sink: SinkSpec, report: dict[str, Any]) -> bytes:
     """The body a sink receives for a report."""
     if sink.type == "slack":
-        return encode(build_slack_message(report))
+        message = build_slack_message(report)
+        return encode({**message, "channel": sink.channel} if sink.channel else message)
     return encode(build_envelope(report))
 
 

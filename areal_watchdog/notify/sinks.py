@@ -17,8 +17,9 @@ from areal_watchdog.config.checks import Checker, default
 from areal_watchdog.notify.envelope import secret_key
 
 SINK_TYPES = ("slack", "webhook")
-_SECRET_FIELDS = {"slack": ("webhook_url",), "webhook": ("url", "secret")}
-_REQUIRED = {"slack": ("webhook_url",), "webhook": ("url",)}
+_SECRET_FIELDS = {"slack": ("webhook_url", "token"), "webhook": ("url", "secret")}
+_REQUIRED = {"slack": ("webhook_url",), "webhook": ("url",)}  # a Slack token stands for its URL
+SLACK_API = "https://slack.com/api/chat.postMessage"  # where a bot token posts (and threads)
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,13 @@ class SinkSpec:
     timeout: float = 10.0
     max_attempts: int = 5
     backoff: float = 1.0
+    channel: str | None = None  # Slack with a bot token: where it posts
+    api_url: str = SLACK_API
+
+    @property
+    def threads(self) -> bool:
+        """A Slack bot token: follow-ups reply in the incident's thread."""
+        return self.type == "slack" and "token" in self.sources
 
     @property
     def key(self) -> str:
@@ -52,9 +60,13 @@ class ResolvedSink:
     spec: SinkSpec
     url: str
     secret: str | None = None
+    token: str | None = None  # a Slack bot token
 
     def secret_values(self) -> list[str]:
-        """Everything to redact: the URL, its path and query (tokens live there), the secret."""
+        """Everything to redact: the URL, its path and query (tokens live there), the secret
+        and the token (a bot token's URL is Slack's public API: not a secret)."""
+        if self.token:
+            return [self.token]
         parts = urlsplit(self.url)
         return [v for v in (self.url, parts.path, parts.query, self.secret) if v and v != "/"]
 
@@ -84,16 +96,25 @@ def _parse_sink(check: Checker, item: dict[str, Any], where: str, index: int) ->
             )
     known = {"type", "name", "timeout", "max_attempts", "backoff"}
     known |= {f"{f}_{how}" for f in _SECRET_FIELDS[kind] for how in ("env", "file")}
+    known |= {"channel", "api_url"} if kind == "slack" else set()
     check.known_keys(item, where, known)
+    sources = _sources(check, item, where, kind)
+    channel = check.optional_text(item, f"{where}.channel", None) if kind == "slack" else None
+    if "token" in sources and "webhook_url" in sources:
+        raise check.fail(f"{where}.token_env", "give a token or a webhook_url, not both")
+    if "token" in sources and not channel:
+        raise check.fail(f"{where}.channel", "is missing: a bot token posts to a channel (C0123)")
     return SinkSpec(
         kind,
         check.text(item, f"{where}.name", default=f"{kind}-{index}") or f"{kind}-{index}",
-        _sources(check, item, where, kind),
+        sources,
         check.number(item, f"{where}.timeout", default(SinkSpec, "timeout"), minimum=1e-9),
         check.integer(
             item, f"{where}.max_attempts", default(SinkSpec, "max_attempts"), 1, MAX_ATTEMPTS
         ),
         check.number(item, f"{where}.backoff", default(SinkSpec, "backoff"), minimum=0.0),
+        channel,
+        check.text(item, f"{where}.api_url", default=SLACK_API) or SLACK_API,
     )
 
 
@@ -108,13 +129,17 @@ def _sources(check: Checker, item: dict[str, Any], where: str, kind: str) -> dic
             sources[field] = {"env": str(env)}
         elif path:
             sources[field] = {"file": os.path.expanduser(str(path))}
-        elif field in _REQUIRED[kind]:
+        elif field in _REQUIRED[kind] and not _has_token(item):
             raise check.fail(
                 f"{where}.{field}_env",
                 f"is missing: name the variable "
                 f"(or {field}_file) that holds the {field.replace('_', ' ')}",
             )
     return sources
+
+
+def _has_token(item: dict[str, Any]) -> bool:
+    return bool(item.get("token_env") or item.get("token_file"))
 
 
 class SecretError(Exception):
@@ -135,14 +160,15 @@ def resolve(spec: SinkSpec, env: dict[str, str] | None = None) -> ResolvedSink:
         else:
             value = _read_secret_file(src["file"], spec.name, field)
         values[field] = value.strip()
-    url = values.get("webhook_url") or values.get("url") or ""
+    token = values.get("token")
+    url = spec.api_url if token else values.get("webhook_url") or values.get("url") or ""
     secret = values.get("secret")
     if secret:
         try:
             secret_key(secret)
         except ValueError as exc:
             raise SecretError(f"{spec.name}: {exc}") from None
-    return ResolvedSink(spec, url, secret)
+    return ResolvedSink(spec, url, secret, token)
 
 
 def _read_secret_file(path: str, name: str, field: str) -> str:

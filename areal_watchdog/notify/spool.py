@@ -54,15 +54,35 @@ class Spool:
             )
         return ids
 
-    def mark_delivered(self, message_id: str) -> None:
+    def mark_delivered(self, message_id: str, thread: dict[str, str] | None = None) -> None:
+        """Record a delivery (with the Slack thread it started, if any) and tidy its entry."""
         with self.lock:
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            line = json.dumps({"id": message_id, "time": time.time()}) + "\n"
+            record: dict[str, Any] = {"id": message_id, "time": time.time()}
+            if thread:
+                record["thread"] = thread
+            line = json.dumps(record) + "\n"
             if not _ends_a_line(self.delivered_log):
                 line = "\n" + line  # after a line cut short, start a fresh one
             with open_append(self.delivered_log) as fh:
                 fh.write(line)
             self._entry(message_id).unlink(missing_ok=True)
+
+    def thread_of(self, message_id: str) -> dict[str, str] | None:
+        """The Slack thread a delivered message started (its channel and ts), if it did."""
+        try:
+            lines = self.delivered_log.read_bytes().splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            try:
+                record = json.loads(line.decode("utf-8"))
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("id") == message_id:
+                thread = record.get("thread")
+                return thread if isinstance(thread, dict) else None
+        return None
 
     def drop(self, message_id: str) -> None:
         """Forget a delivery the receiver refused for good (a 4xx other than 408/429)."""

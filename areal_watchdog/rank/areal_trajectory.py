@@ -30,8 +30,6 @@ cannot be made stops the script with one line instead of running the real rollou
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
 import inspect
 import os
 import statistics
@@ -41,6 +39,7 @@ from types import ModuleType
 from typing import Any
 
 from areal_watchdog.common.areal_version import is_known, unknown_note
+from areal_watchdog.rank.after_import import after_import
 from areal_watchdog.rank.heartbeat import heartbeat
 from areal_watchdog.trajectory.format import ENV_DIR, ENV_REPLAY_DIR
 
@@ -56,34 +55,7 @@ def install() -> None:
     if _installed or not (os.environ.get(ENV_DIR) or os.environ.get(ENV_REPLAY_DIR)):
         return
     _installed = True
-    module = sys.modules.get(TRAINER_MODULE)
-    if module is not None:
-        _patch(module)
-    else:
-        sys.meta_path.insert(0, _AfterImport(TRAINER_MODULE))
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``_patch`` right after one module executes; steps aside for every other import."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        execute = spec.loader.exec_module
-
-        def exec_module(module: ModuleType) -> None:
-            execute(module)
-            _patch(module)
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
+    after_import(TRAINER_MODULE, _patch)
 
 
 def warn(reason: str) -> None:

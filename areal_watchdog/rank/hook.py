@@ -9,7 +9,8 @@ this at start-up in each, and each arms, by its role (``common.roles``):
 - the asyncio task listener (rollout coroutines are on no thread's stack);
 - the Flight Recorder listener, in the workers whose role holds the ranks (``actor``);
 - an exit record ``watchdog/procs/<pid>.exit.json`` (an uncaught exception, or an exit);
-- in the controller, the trajectory dump of AReaL's trainer (``rank.areal_trajectory``).
+- in the controller, the trajectory dump of AReaL's trainer (``rank.areal_trajectory``) and, in
+  a resumed run, the quarantined rows left out of its data (``rank.areal_quarantine``).
 
 Torchrun ranks are armed by our rank wrapper instead, and processes with no role of ours (a
 shell, a ``multiprocessing`` helper, a tool a workflow runs) are left alone. Nothing here may
@@ -26,7 +27,7 @@ from typing import Any
 
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.common.roles import Identity, identify
-from areal_watchdog.rank import areal_trajectory, task_listener
+from areal_watchdog.rank import areal_quarantine, areal_trajectory, task_listener
 from areal_watchdog.rank.arming import (
     allow_any_tracer,
     arm_stack_dump,
@@ -73,6 +74,7 @@ def install() -> Identity | None:
     quietly(_record_exits, layout.process_exit_record(os.getpid()))
     if who.role == "controller":
         quietly(areal_trajectory.install)
+        quietly(areal_quarantine.install)
     return who
 
 

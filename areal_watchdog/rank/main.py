@@ -12,7 +12,8 @@ preparing what the watchdog needs from inside the rank:
 - an exit record (returned, exit code, or exception with its traceback) for crash analysis;
 - the Flight Recorder listener (``rank.flight_recorder``) when the launcher asked for it;
 - the asyncio task listener (``rank.task_listener``): pending coroutines are on no thread's stack;
-- the trajectory dump of AReaL's trainer (``rank.areal_trajectory``), should the script run one.
+- the trajectory dump of AReaL's trainer (``rank.areal_trajectory``), should the script run one,
+  and a resumed run's quarantine (``rank.areal_quarantine``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 
 from areal_watchdog.common.atomic import write_json_atomic
-from areal_watchdog.rank import areal_trajectory, task_listener
+from areal_watchdog.rank import areal_quarantine, areal_trajectory, task_listener
 from areal_watchdog.rank.arming import (
     allow_any_tracer,
     arm_stack_dump,
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
             start_listener(layout, rank)
         task_listener.start(layout)
         quietly(areal_trajectory.install)
+        quietly(areal_quarantine.install)
     try:
         _run_entrypoint(entry, args)
     except SystemExit as exc:

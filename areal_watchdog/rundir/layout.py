@@ -163,6 +163,11 @@ class RunLayout:
         return self.watch_dir / "recovery.json"
 
     @property
+    def quarantine_file(self) -> Path:
+        """Training rows found to hang, left out of a resumed run (``trajectory.quarantine``)."""
+        return self.run_dir / "quarantine.json"
+
+    @property
     def incidents_dir(self) -> Path:
         return self.run_dir / "incidents"
 

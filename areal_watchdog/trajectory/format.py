@@ -24,6 +24,9 @@ ENV_REPLAY_STEPS = "AREAL_WATCHDOG_REPLAY_STEPS"
 ENV_REPLAY_SOURCE = "AREAL_WATCHDOG_REPLAY_SOURCE_RUN"
 ENV_REPLAY_UNSAFE = "AREAL_WATCHDOG_REPLAY_UNSAFE_LOAD"
 ENV_REPLAY_VERIFIED = "AREAL_WATCHDOG_REPLAY_VERIFIED"  # checksums already checked by the CLI
+ENV_REPLAY_GROUPS = "AREAL_WATCHDOG_REPLAY_GROUPS"  # only these groups of the global batch
+ENV_REPLAY_PAD_STEP = "AREAL_WATCHDOG_REPLAY_PAD_STEP"  # a step whose groups pad the few chosen
+ENV_REPLAY_PAD_TO = "AREAL_WATCHDOG_REPLAY_PAD_TO"  # to a multiple of this (the DP size)
 _FILE = re.compile(r"^step_(?P<step>\d{6,})(?:_dp_(?P<dp>\d+))?\.pt$")
 
 

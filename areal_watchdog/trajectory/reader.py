@@ -18,6 +18,9 @@ from areal_watchdog.rank.heartbeat import heartbeat
 from areal_watchdog.trajectory.format import (
     ENV_CONFIG_HASH,
     ENV_REPLAY_DIR,
+    ENV_REPLAY_GROUPS,
+    ENV_REPLAY_PAD_STEP,
+    ENV_REPLAY_PAD_TO,
     ENV_REPLAY_STEPS,
     ENV_REPLAY_UNSAFE,
     ENV_REPLAY_VERIFIED,
@@ -124,6 +127,17 @@ def split_for_rank(groups: Batch, dp_rank: int, dp_size: int) -> Batch:
     return groups[start : start + base + (1 if dp_rank < extra else 0)]
 
 
+def select_groups(groups: Batch, wanted: list[int], step: int) -> Batch:
+    """The groups a bisection replays, in the batch's order; DumpError past the batch's end."""
+    beyond = [g for g in wanted if not 0 <= g < len(groups)]
+    if beyond:
+        raise DumpError(
+            f"step {step} has {len(groups)} groups (0-{len(groups) - 1}): no group "
+            f"{format_ranks(beyond)}"
+        )
+    return [groups[g] for g in sorted(set(wanted))]
+
+
 class Replay:
     """The steps to replay for this rank, from the environment ``areal-launch replay`` sets."""
 
@@ -136,10 +150,16 @@ class Replay:
         unsafe: bool = False,
         config_hash: str | None = None,
         checksum: bool = True,
+        groups: list[int] | None = None,
+        pad_step: int | None = None,
+        pad_to: int = 1,
     ) -> None:
         self.directory, self.steps = directory, steps
         self.dp_rank, self.dp_size = dp_rank, dp_size
         self.unsafe, self.config_hash, self.checksum = unsafe, config_hash, checksum
+        self.groups = groups  # a bisection's subset of every step's global batch
+        self.pad_step = pad_step  # whose groups (they trained) feed every data-parallel rank
+        self.pad_to = pad_to  # AReaL splits a batch evenly: a multiple of the DP size
 
     @classmethod
     def from_env(cls, dp_rank: int, dp_size: int) -> Replay | None:
@@ -154,6 +174,13 @@ class Replay:
             unsafe=os.environ.get(ENV_REPLAY_UNSAFE) == "1",
             config_hash=os.environ.get(ENV_CONFIG_HASH) or None,
             checksum=os.environ.get(ENV_REPLAY_VERIFIED) != "1",
+            groups=int_list(os.environ[ENV_REPLAY_GROUPS])
+            if os.environ.get(ENV_REPLAY_GROUPS)
+            else None,
+            pad_step=int(os.environ[ENV_REPLAY_PAD_STEP])
+            if os.environ.get(ENV_REPLAY_PAD_STEP)
+            else None,
+            pad_to=int(os.environ.get(ENV_REPLAY_PAD_TO) or 1),
         )
 
     def batches(self) -> Iterator[tuple[int, Batch]]:
@@ -168,6 +195,20 @@ class Replay:
                 unsafe=self.unsafe,
                 checksum=self.checksum,
             )
+            if self.groups is not None:
+                groups = self._padded(select_groups(groups, self.groups, step))
             heartbeat(completed)
             completed = step
             yield step, split_for_rank(groups, self.dp_rank, self.dp_size)
+
+    def _padded(self, chosen: Batch) -> Batch:
+        """A bisection's few groups, padded to a multiple of the DP size with groups of a step
+        that trained (they change nothing of whether the replay hangs; AReaL splits a batch
+        evenly across its data-parallel ranks)."""
+        missing = -len(chosen) % self.pad_to
+        if self.pad_step is None or not missing:
+            return chosen
+        trained = load_global_batch(
+            self.directory, self.pad_step, config_hash=self.config_hash, unsafe=self.unsafe
+        )
+        return chosen + [trained[i % len(trained)] for i in range(missing)]

@@ -18,6 +18,7 @@ from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.rankset import format_ranks
 from areal_watchdog.common.redact import REDACTED
+from areal_watchdog.config.areal import parse_allocation
 from areal_watchdog.config.load import load_config
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.entrypoint import launch_mode
@@ -27,6 +28,9 @@ from areal_watchdog.trajectory.areal_replay import areal_replay
 from areal_watchdog.trajectory.format import (
     ENV_CONFIG_HASH,
     ENV_REPLAY_DIR,
+    ENV_REPLAY_GROUPS,
+    ENV_REPLAY_PAD_STEP,
+    ENV_REPLAY_PAD_TO,
     ENV_REPLAY_SOURCE,
     ENV_REPLAY_STEPS,
     ENV_REPLAY_UNSAFE,
@@ -51,6 +55,7 @@ class ReplayRequest:
     unsafe_load: bool = False
     allow_config_change: bool = False
     overrides: tuple[str, ...] = ()
+    groups: tuple[int, ...] | None = None  # only these groups of the step's global batch
 
 
 def incident_time(layout: RunLayout) -> float | None:
@@ -152,7 +157,9 @@ def plan_replay_config(request: ReplayRequest) -> ReplayConfig:
                 raise UserError(f"cannot replay step {step}: {problem}")
             manifests.append(read_manifest(path) or {})
     recorded_dp = max(int(m.get("dp_size") or 1) for m in manifests)
-    trial = _new_trial(original, steps)
+    if request.groups is not None:
+        _check_groups(request.groups, steps, sum(int(m.get("groups") or 0) for m in manifests))
+    trial = _new_trial(original, steps, request.groups)
     env = {
         ENV_REPLAY_DIR: str(dump_dir),
         ENV_REPLAY_STEPS: ",".join(map(str, steps)),
@@ -161,6 +168,11 @@ def plan_replay_config(request: ReplayRequest) -> ReplayConfig:
     }
     if request.unsafe_load:
         env[ENV_REPLAY_UNSAFE] = "1"
+    if request.groups is not None:
+        env[ENV_REPLAY_GROUPS] = ",".join(map(str, sorted(set(request.groups))))
+        if steps[0] - 1 in available:
+            env[ENV_REPLAY_PAD_STEP] = str(steps[0] - 1)
+            env[ENV_REPLAY_PAD_TO] = str(_data_parallel(original, request.nproc, recorded_dp))
     if request.allow_config_change:
         env[ENV_CONFIG_HASH] = ""
     overrides = [
@@ -226,8 +238,31 @@ def unstored_secrets(original: JobConfig, source: Path) -> list[str]:
     return overrides
 
 
-def _new_trial(config: JobConfig, steps: list[int]) -> str:
+def _data_parallel(original: JobConfig, nproc: int | None, recorded_dp: int) -> int:
+    """The replay's data-parallel size: ``--nproc``, else an AReaL actor's allocation, else
+    the ranks that recorded the dump."""
+    actor = original.raw.get("actor")
+    spec = actor.get("backend") if isinstance(actor, dict) else None
+    allocation = parse_allocation(spec) if isinstance(spec, str) else None
+    return nproc or (allocation.dp if allocation is not None else recorded_dp)
+
+
+def _check_groups(groups: tuple[int, ...], steps: list[int], recorded: int) -> None:
+    """``--groups`` picks rows of one step's batch, each of them in it."""
+    if len(steps) != 1:
+        raise UserError("--groups picks groups of one step: give --step N, not a range")
+    beyond = sorted(g for g in set(groups) if not 0 <= g < recorded)
+    if not groups or beyond:
+        raise UserError(
+            f"--groups: step {steps[0]} holds groups 0-{recorded - 1}, not "
+            f"{format_ranks(beyond) or 'none'}"
+        )
+
+
+def _new_trial(config: JobConfig, steps: list[int], groups: tuple[int, ...] | None) -> str:
     span = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}to{steps[-1]}"
+    if groups is not None:  # no comma: Hydra reads one as a sweep
+        span += "_g" + format_ranks(groups).replace(", ", "_")
     base = f"{config.trial_name}_replay{span}"
     trial, counter = base, 2
     while (Path(config.fileroot) / config.experiment_name / trial).exists():

@@ -1,0 +1,191 @@
+"""Before a resume, replay the step that hung on this node, watched, and bisect its batch when
+it hangs the same way: the hang then follows the data, and the rows that hang are quarantined.
+
+Each replay is ``areal-launch replay RUN_DIR --step N [--groups G]`` run in this process, with
+``on_hang: cancel`` and no notification (the incident is the original's; its recovery event
+lists the replays). Its terminal output goes to ``<replay run dir>/areal-launch.log``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from areal_watchdog.common.atomic import read_json
+from areal_watchdog.common.errors import UserError
+from areal_watchdog.common.rankset import format_ranks
+from areal_watchdog.config.model import JobConfig
+from areal_watchdog.launch.bisect import Bisection, bisect
+from areal_watchdog.launch.exit_codes import ExitCode
+from areal_watchdog.launch.local import LocalBackend
+from areal_watchdog.launch.resume_policy import Hang
+from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.trajectory.format import ENV_REPLAY_DIR, complete_steps
+from areal_watchdog.trajectory.quarantine import QuarantinedRow, add_rows
+from areal_watchdog.trajectory.replay_plan import ReplayRequest, plan_replay_config
+
+QUIET = ("++watchdog.on_hang=cancel", "++watchdog.notify=[]")
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """One replay: which groups, how it ended, and the hang it reported, if any."""
+
+    groups: tuple[int, ...] | None  # None: the whole batch
+    exit_code: int
+    seconds: float
+    run_dir: str
+    hang: Hang | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "groups": None if self.groups is None else list(self.groups),
+            "hung": self.hang is not None,
+            "hang": self.hang.describe() if self.hang else None,
+            "exit_code": self.exit_code,
+            "seconds": round(self.seconds, 1),
+            "run_dir": self.run_dir,
+        }
+
+
+@dataclass(frozen=True)
+class ReplayFinding:
+    """What the replays said about a hang: the policy's input (``resume_policy.decide``)."""
+
+    step: int | None
+    same_hang: bool  # the whole step replayed and hung the same way
+    note: str  # for people: what the replays showed
+    replays: list[Replayed] = field(default_factory=list)
+    quarantined: list[QuarantinedRow] = field(default_factory=list)
+
+
+def replay_decides(
+    config: JobConfig, run_dir: Path, hang: Hang, report: dict[str, Any] | None, out: TextIO
+) -> ReplayFinding | None:
+    """Replay the hung step and, when it hangs the same way, bisect it and quarantine the rows
+    that hang; None when the run dumped no step to replay."""
+    step = ((report or {}).get("trajectory") or {}).get("step")
+    if not isinstance(step, int):
+        return None
+    replays: list[Replayed] = []
+
+    def run(groups: tuple[int, ...] | None) -> Replayed:
+        replays.append(_replay(run_dir, step, groups, out))
+        return replays[-1]
+
+    try:
+        whole = run(None)
+    except UserError as exc:
+        return ReplayFinding(step, False, f"the dumped step {step} cannot be replayed: {exc}")
+    if whole.hang is None or not whole.hang.like(hang):
+        return ReplayFinding(step, False, _unlike(step, whole), replays)
+    dump_dir, count, floor = _dumped(run_dir, step)
+    budget = config.watchdog.resume_max_replays - 1  # the whole step's replay was the first
+    found = bisect(tuple(range(count)), lambda g: _same(run(g), hang), budget, floor=floor)
+    rows = _quarantine(config, run_dir, dump_dir, step, found, hang)
+    return ReplayFinding(step, True, _bisected(step, found, count), replays, rows)
+
+
+def _replay(run_dir: Path, step: int, groups: tuple[int, ...] | None, out: TextIO) -> Replayed:
+    request = ReplayRequest(run_dir, step=step, overrides=QUIET, groups=groups)
+    replay = plan_replay_config(request)
+    local = LocalBackend()
+    plan = local.plan(replay.config, watchdog=True)
+    which = "the whole batch" if groups is None else f"groups {format_ranks(groups)}"
+    _say(out, f"replaying step {step} ({which}) on this node, watched: {plan.run_dir}")
+    started = time.time()
+    log = io.StringIO()
+    code = local.execute(plan, log)
+    if code == ExitCode.INTERRUPTED:
+        raise KeyboardInterrupt  # Ctrl-C during a replay: no resume either
+    with contextlib.suppress(OSError):
+        (Path(plan.run_dir) / "areal-launch.log").write_text(log.getvalue(), encoding="utf-8")
+    hung = code == ExitCode.HANG_CANCELLED
+    hang = _reported_hang(RunLayout(Path(plan.run_dir)), started) if hung else None
+    replayed = Replayed(groups, code, time.time() - started, plan.run_dir, hang)
+    shown = f"hung: {hang.describe()}" if hang else f"no hang (exit code {code})"
+    _say(out, f"  {shown}, {replayed.seconds:.0f} s")
+    return replayed
+
+
+def _unlike(step: int, whole: Replayed) -> str:
+    """What a replay that did not hang the same way showed."""
+    if whole.hang is None:
+        return (
+            f"the dumped step {step} replayed on one node without hanging (exit code "
+            f"{whole.exit_code}): the hang did not follow the data, so it is taken as transient"
+        )
+    return (
+        f"the dumped step {step} replayed on one node hangs another way ({whole.hang.describe()}),"
+        " so the original hang is taken as transient"
+    )
+
+
+def _reported_hang(layout: RunLayout, since: float) -> Hang | None:
+    reports = [p for p in layout.incidents_dir.glob("*/report.json") if p.stat().st_mtime >= since]
+    report = read_json(max(reports, key=lambda p: p.stat().st_mtime)) if reports else None
+    return Hang.from_report(report, None, None) if isinstance(report, dict) else None
+
+
+def _same(replayed: Replayed, hang: Hang) -> bool | None:
+    """Whether a bisection replay hung as ``hang`` did; None when it failed instead."""
+    if replayed.hang is None and replayed.exit_code != ExitCode.OK:
+        return None
+    return replayed.hang is not None and replayed.hang.like(hang)
+
+
+def _dumped(run_dir: Path, step: int) -> tuple[Path, int, int]:
+    """Where the step's dump is, its number of groups, and the fewest a bisection replay may
+    feed: 1 when the step before was dumped (its groups pad each replay, ``--groups``), else
+    all of them (AReaL's split of a batch needs a group for every data-parallel rank)."""
+    from areal_watchdog.trajectory.reader import load_global_batch  # torch: only here
+
+    plan = plan_replay_config(ReplayRequest(run_dir, step=step, overrides=QUIET))
+    dump_dir = Path(plan.config.launch.env[ENV_REPLAY_DIR])
+    count = len(load_global_batch(dump_dir, step))
+    return dump_dir, count, 1 if step - 1 in complete_steps(dump_dir) else count
+
+
+def _quarantine(
+    config: JobConfig, run_dir: Path, dump_dir: Path, step: int, found: Bisection, hang: Hang
+) -> list[QuarantinedRow]:
+    """Name the rows ``found`` in the run's quarantine file, by their prompts."""
+    from areal_watchdog.trajectory.prompts import group_prompts  # torch and transformers
+
+    actor = config.raw.get("actor") if isinstance(config.raw.get("actor"), dict) else {}
+    tokenizer = str(config.raw.get("tokenizer_path") or actor.get("path"))
+    prompts = group_prompts(dump_dir, step, found.groups, tokenizer)
+    incident = str(hang.incident_id)
+    rows = [
+        QuarantinedRow(step, g, incident, p) for g, p in zip(found.groups, prompts, strict=True)
+    ]
+    add_rows(RunLayout(run_dir).quarantine_file, rows)
+    return rows
+
+
+def _bisected(step: int, found: Bisection, total: int) -> str:
+    said = (
+        f"the dumped step {step} hangs the same way when replayed on one node: the hang follows "
+        f"the data; "
+    )
+    if total > 1 and not found.trials:
+        return said + (
+            f"step {step - 1} is not dumped to pad smaller replays with, so its {total} groups "
+            "are quarantined whole"
+        )
+    stop = " (the replay budget ran out first)" if found.budget_spent else ""
+    if found.failed:
+        failed = format_ranks(found.trials[-1].groups)
+        stop = f" (the replay of groups {failed} failed: it tells nothing)"
+    return said + (
+        f"{len(found.trials)} bisection replay(s) narrowed its {total} group(s) to group(s) "
+        f"{format_ranks(found.groups)}{stop}, left out of the resumed run (quarantine.json)"
+    )
+
+
+def _say(out: TextIO, message: str) -> None:
+    print(f"[areal-launch] {message}", file=out, flush=True)
