@@ -39,7 +39,7 @@ STEP_DONE = re.compile(r"(\d{8}-\d\d:\d\d:\d\d\.\d+) StatsLogger INFO: .*Train s
 Rows = list[tuple[str, str, str]]
 
 
-def run_benchmark(root: Path) -> list[tuple[float, str]]:
+def run_benchmark(root: Path, freeze: bool = True) -> list[tuple[float, str]]:
     """The launcher's terminal lines, each with the time it arrived."""
     cmd = [
         "bash", str(REPO / "scripts" / "loopback.sh"), sys.executable, "-m", "areal_watchdog.cli",
@@ -48,8 +48,8 @@ def run_benchmark(root: Path) -> list[tuple[float, str]]:
         "recover.mode=auto", "+recover.freq_steps=1", "watchdog.on_hang=resume",
         "+watchdog.resume.backoff=1", "watchdog.stall_timeout=12", "watchdog.poll_interval=0.5",
     ]  # fmt: skip
-    freezer = threading.Thread(target=_freeze_once, args=(root,), daemon=True)
-    freezer.start()
+    if freeze:
+        threading.Thread(target=_freeze_once, args=(root,), daemon=True).start()
     lines: list[tuple[float, str]] = []
     with subprocess.Popen(
         cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -94,14 +94,17 @@ def _training_seconds(lines: list[tuple[float, str]]) -> float:
     return total
 
 
-def summarize(root: Path, lines: list[tuple[float, str]]) -> Rows:
-    """The table's rows from one run's lines and its reports."""
+def summarize(root: Path, lines: list[tuple[float, str]], healthy: float) -> Rows:
+    """The table's rows from one run's lines and its reports (``healthy``: the wall time of
+    the same run without its hangs)."""
     started, ended = lines[0][0], lines[-1][0]
     first_step = _first(lines, "first step seen")
     reports = sorted((root / "gsm8k-grpo" / "resume" / "incidents").glob("*/report.json"))
+    wall = ended - started
     rows: Rows = [
         ("outcome", f"{lines[-1][1][8:]}; {_last_step(lines)}", "exit 0, all 12 steps"),
-        ("wall time, on_hang: resume", f"{ended - started:.0f} s", "-"),
+        ("wall time, on_hang: resume", f"{wall:.0f} s", "-"),
+        ("the same run without its hangs", f"{healthy:.0f} s (x{wall / healthy:.2f})", "-"),
         ("job start-up (launch to first step)", f"{first_step - started:.0f} s", "-"),
     ]
     first_report = _first(lines, "[areal-launch] report:")
@@ -111,8 +114,7 @@ def summarize(root: Path, lines: list[tuple[float, str]]) -> Rows:
                      f"{first_report - started:.0f} s, {done} steps done", "-"))  # fmt: skip
     training = _training_seconds(lines)
     rows.append(("goodput (training time / wall time)",
-                 f"{training:.0f} s / {ended - started:.0f} s = {training / (ended - started):.1%}",
-                 "-"))  # fmt: skip
+                 f"{training:.0f} s / {wall:.0f} s = {training / wall:.1%}", "-"))  # fmt: skip
     for path in reports:
         rows += _hang_rows(json.loads(path.read_text()), lines, first_step - started)
     return rows
@@ -156,7 +158,9 @@ def run_resume_benchmarks(quick: bool = False) -> Iterator[tuple[str, Rows]]:
     with tempfile.TemporaryDirectory(prefix="areal-bench-resume-") as tmp:
         root = Path(tmp)
         make = [sys.executable, str(REPO / "examples" / "areal" / "harness" / "make_tiny.py")]
+        subprocess.run([*make, str(root / "clean" / "harness")], check=True, capture_output=True)
+        clean = run_benchmark(root / "clean", freeze=False)
         subprocess.run([*make, str(root / "harness"), "--train-poison-from", str(POISONED_ROW),
                         "--train-poison-count", "1"], check=True, capture_output=True)  # fmt: skip
         lines = run_benchmark(root)
-        yield title, summarize(root, lines)
+        yield title, summarize(root, lines, clean[-1][0] - clean[0][0])

@@ -41,6 +41,7 @@ from areal_watchdog.evidence.model import (
     plain,
 )
 from areal_watchdog.notify.slack import build_slack_message, check_limits
+from areal_watchdog.report.bound import split_ranks
 from areal_watchdog.report.build import IncidentContext, build_report, new_incident_id
 from areal_watchdog.report.write import write_incident
 from areal_watchdog.rundir.layout import RunLayout
@@ -186,7 +187,8 @@ def _stall_to_report(cluster: _Cluster, poll: float) -> tuple[float, int, int]:
     nodes = [c.node for c in cluster.coordinators]
     context = IncidentContext("slurm", "bench", str(cluster.root / "run"), len(ranks), nodes)
     report = build_report(new_incident_id(verdict.category), verdict, evidence, context)
-    path = write_incident(cluster.root / "run", report, evidence, Redactor())
+    report, by_node = split_ranks(report)
+    path = write_incident(cluster.root / "run", report, evidence, Redactor(), by_node)
     took = asked + poll + slowest_answer + time.perf_counter() - started
     size = (path / "report.json").stat().st_size
     message = build_slack_message(report)
@@ -255,7 +257,7 @@ def run_scale_benchmarks(quick: bool = False) -> list:
                 f"{to_report:.2f}",
                 f"{lost:.1f} (<= {node_timeout + 5:g})",
                 f"{follower_cpu * 100:.3f}% / {leader_cpu * 100:.2f}%",
-                f"{report_size / 1e6:.1f} MB / {slack_size / 1e3:.1f} kB",
+                f"{report_size / 1e3:.0f} kB / {slack_size / 1e3:.1f} kB",
             )
         )
     header = (

@@ -353,10 +353,11 @@ def freeze_once(run_dir: Path, rank: int, after: str, timeout: float = 600) -> t
 
     def freeze() -> None:
         deadline = time.monotonic() + timeout
-        registration = run_dir / "watchdog" / "ranks" / f"rank_{rank}.json"
+        registrations = run_dir / "watchdog" / "ranks" / "by_node"
         while time.monotonic() < deadline:
-            if (run_dir / "debug_trajectories" / after).exists() and registration.exists():
-                os.kill(json.loads(registration.read_text())["pid"], signal.SIGSTOP)
+            found = list(registrations.glob(f"*/rank_{rank}.json"))
+            if (run_dir / "debug_trajectories" / after).exists() and found:
+                os.kill(json.loads(found[0].read_text())["pid"], signal.SIGSTOP)
                 return
             time.sleep(0.2)
 

@@ -79,3 +79,26 @@ def test_our_sidecar_started_under_a_worker_is_no_helper_of_the_job(tmp_path: Pa
         worker.wait()
         for pid in (pool, sidecar):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_sidecar_reads_its_own_nodes_registrations_never_the_jobs(tmp_path: Path) -> None:
+    """The fallback when fewer ranks are found than expected (start-up, a dead rank, the end of
+    the job) used to open every rank's registration of the whole job, on every poll of every
+    sidecar: 8,192 opens per poll at 1,024 nodes. Registrations are kept by node now."""
+    layout = RunLayout(tmp_path / "run")
+    for node in ("a", "b", "c"):
+        for rank in range(4):
+            path = layout.registration(rank, node)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text('{"run_id": "r1", "rank": 0, "node": "x", "pid": 1}')
+    opened: list[str] = []
+
+    def audit(event: str, args: tuple) -> None:
+        if event == "open" and isinstance(args[0], str) and "by_node" in args[0]:
+            opened.append(args[0])
+
+    sys.addaudithook(audit)
+    discover(layout, Scope("r1", "b"), expected=8)
+    mine = {p for p in opened if "/by_node/b/" in p}
+    assert opened and set(opened) == mine, opened
+    assert len(mine) == 4

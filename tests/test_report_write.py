@@ -154,3 +154,22 @@ def test_scrubbing_a_long_line_takes_linear_time(line: str) -> None:
     worker.start()
     worker.join(5.0)
     assert not worker.is_alive(), "a 1 MB line took more than 5 s to scrub"
+
+
+def test_a_report_of_thousands_of_ranks_lists_the_few_and_links_every_node(tmp_path: Path) -> None:
+    """At 1,024 nodes x 8 ranks every rank's entry made a 4.4 MB report.json (and webhook
+    payload): past 256 ranks it lists the culprits, the first rank of every stack group and
+    the exited, and one file per node holds every rank."""
+    from areal_watchdog.report.bound import split_ranks
+
+    entry = {"state": "blocked", "where": "all_reduce at t.py:9", "frames": [{"name": "f"}] * 20}
+    ranks = [{"rank": r, "node": f"node{r // 8:04d}", "pid": r, **entry} for r in range(8192)]
+    ranks[77]["state"] = "exited"
+    report = {"ranks": ranks, "culprit_ranks": [9], "groups": [{"ranks": [0, 1]}, {"ranks": [5]}],
+              "files": {"incident_dir": "/runs/i"}}  # fmt: skip
+    summary, by_node = split_ranks(report)
+    assert [r["rank"] for r in summary["ranks"]] == [0, 5, 9, 77]
+    assert summary["ranks_total"] == 8192 and len(by_node) == 1024 and len(by_node["node0001"]) == 8
+    assert summary["files"]["ranks_by_node"] == "/runs/i/ranks/<node>.json"
+    small = {**report, "ranks": ranks[:256]}
+    assert split_ranks(small) == (small, {})

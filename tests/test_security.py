@@ -112,7 +112,7 @@ def test_a_forged_record_never_gets_another_process_signalled(tmp_path: Path) ->
     """Even inside our own run directory, a record naming a process that is not the job's
     (another user's, or ours without the rank wrapper) is ignored: nobody gets signal 9."""
     layout = RunLayout(tmp_path / "run")
-    layout.ranks_dir.mkdir(parents=True)
+    layout.registrations("n").mkdir(parents=True)
     theirs = subprocess.Popen(
         ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sleep", "60"]
     )
@@ -123,7 +123,7 @@ def test_a_forged_record_never_gets_another_process_signalled(tmp_path: Path) ->
             started = psutil.Process(victim.pid).create_time()
             record = {"run_id": "r1", "rank": rank, "world_size": 2, "node": "n", "pid": victim.pid,
                       "started_at": started, "cooperative_signal": 9}  # fmt: skip
-            write_json_atomic(layout.registration(rank), record)
+            write_json_atomic(layout.registration(rank, "n"), record)
         assert discover(layout, Scope("r1", "n", world_size=2), expected=2).ranks == {}
         assert theirs.poll() is None and ours.poll() is None
     finally:

@@ -88,8 +88,9 @@ class Scope:
 
 def discover(layout: RunLayout, scope: Scope, expected: int = 0) -> Discovered:
     """Every live, verified process of the run on this node. The environment says it all for
-    processes we may read; the registration files (one per rank of the whole job, on the shared
-    filesystem) are only listed when fewer than ``expected`` ranks were found that way."""
+    processes we may read; this node's registration files (on the shared filesystem, by node:
+    never the whole job's) are only read when fewer than ``expected`` ranks were found that
+    way."""
     owner = _owner(layout)
     found = Discovered()
     for proc in _from_environment(layout, scope, owner):
@@ -156,12 +157,14 @@ def _ours(proc: psutil.Process, owner: int) -> bool:
 
 def _from_registrations(layout: RunLayout, scope: Scope, owner: int) -> dict[int, JobProcess]:
     found: dict[int, JobProcess] = {}
-    if not layout.ranks_dir.is_dir():
+    try:
+        names = os.listdir(layout.registrations(scope.node))
+    except OSError:
         return found
-    for path in layout.ranks_dir.glob("rank_*.json"):
-        if path.name.endswith(".exit.json"):
+    for name in names:
+        if not (name.startswith("rank_") and name.endswith(".json")):
             continue
-        record = read_json(path)
+        record = read_json(layout.registrations(scope.node) / name)
         if not isinstance(record, dict) or record.get("run_id") != scope.run_id:
             continue
         if record.get("node") != scope.node:

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.rankset import format_ranks
 from areal_watchdog.config.model import JobConfig
@@ -23,6 +22,7 @@ from areal_watchdog.launch.bisect import Bisection, bisect
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.local import LocalBackend
 from areal_watchdog.launch.resume_policy import Hang
+from areal_watchdog.rundir.incidents import newest_report
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.trajectory.format import ENV_REPLAY_DIR, complete_steps
 from areal_watchdog.trajectory.quarantine import QuarantinedRow, add_rows
@@ -74,13 +74,14 @@ def replay_decides(
     replays: list[Replayed] = []
 
     def run(groups: tuple[int, ...] | None) -> Replayed:
-        replays.append(_replay(run_dir, step, groups, out))
+        try:
+            replays.append(_replay(run_dir, step, groups, out))
+        except UserError as exc:  # a replay that cannot start tells nothing
+            _say(out, f"  cannot replay: {exc}")
+            replays.append(Replayed(groups, ExitCode.USAGE, 0.0, "", None))
         return replays[-1]
 
-    try:
-        whole = run(None)
-    except UserError as exc:
-        return ReplayFinding(step, False, f"the dumped step {step} cannot be replayed: {exc}")
+    whole = run(None)
     if whole.hang is None or not whole.hang.like(hang):
         return ReplayFinding(step, False, _unlike(step, whole), replays)
     dump_dir, count, floor = _dumped(run_dir, step)
@@ -105,7 +106,8 @@ def _replay(run_dir: Path, step: int, groups: tuple[int, ...] | None, out: TextI
     with contextlib.suppress(OSError):
         (Path(plan.run_dir) / "areal-launch.log").write_text(log.getvalue(), encoding="utf-8")
     hung = code == ExitCode.HANG_CANCELLED
-    hang = _reported_hang(RunLayout(Path(plan.run_dir)), started) if hung else None
+    incident_id, report = newest_report(RunLayout(Path(plan.run_dir)), started)
+    hang = Hang.from_report(report, incident_id, None) if hung and report else None
     replayed = Replayed(groups, code, time.time() - started, plan.run_dir, hang)
     shown = f"hung: {hang.describe()}" if hang else f"no hang (exit code {code})"
     _say(out, f"  {shown}, {replayed.seconds:.0f} s")
@@ -114,6 +116,12 @@ def _replay(run_dir: Path, step: int, groups: tuple[int, ...] | None, out: TextI
 
 def _unlike(step: int, whole: Replayed) -> str:
     """What a replay that did not hang the same way showed."""
+    if whole.hang is None and whole.exit_code != ExitCode.OK:
+        where = f" ({whole.run_dir}/areal-launch.log)" if whole.run_dir else ""
+        return (
+            f"the replay of the dumped step {step} failed (exit code {whole.exit_code}){where}: "
+            "it tells nothing, so the hang is taken as transient"
+        )
     if whole.hang is None:
         return (
             f"the dumped step {step} replayed on one node without hanging (exit code "
@@ -123,12 +131,6 @@ def _unlike(step: int, whole: Replayed) -> str:
         f"the dumped step {step} replayed on one node hangs another way ({whole.hang.describe()}),"
         " so the original hang is taken as transient"
     )
-
-
-def _reported_hang(layout: RunLayout, since: float) -> Hang | None:
-    reports = [p for p in layout.incidents_dir.glob("*/report.json") if p.stat().st_mtime >= since]
-    report = read_json(max(reports, key=lambda p: p.stat().st_mtime)) if reports else None
-    return Hang.from_report(report, None, None) if isinstance(report, dict) else None
 
 
 def _same(replayed: Replayed, hang: Hang) -> bool | None:

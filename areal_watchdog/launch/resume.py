@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from areal_watchdog.common.atomic import mtime, read_json, write_json_atomic, write_text_atomic
+from areal_watchdog.common.atomic import read_json, write_json_atomic, write_text_atomic
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.backend import Backend
@@ -29,6 +29,7 @@ from areal_watchdog.launch.resume_policy import Decision, Hang, decide
 from areal_watchdog.notify.recovery import send_recovery
 from areal_watchdog.notify.sinks import SinkSpec
 from areal_watchdog.report.build import iso
+from areal_watchdog.rundir.incidents import newest_report
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.trajectory.areal_replay import recover_info_dir, recovered_step
 from areal_watchdog.trajectory.quarantine import ENV_QUARANTINE
@@ -245,11 +246,7 @@ def _newest_hang(layout: RunLayout, since: float) -> tuple[str | None, dict[str,
     if isinstance(cancel, dict) and isinstance(cancel.get("incident_id"), str):
         incident_id = cancel["incident_id"]
         return incident_id, read_json(layout.incidents_dir / incident_id / "report.json")
-    reports = [p for p in layout.incidents_dir.glob("*/report.json") if mtime(p) >= since]
-    if not reports:
-        return None, None
-    newest = max(reports, key=mtime)
-    return newest.parent.name, read_json(newest)
+    return newest_report(layout, since)
 
 
 def _entry(

@@ -48,19 +48,21 @@ from areal_watchdog.rundir.layout import (
 def _register(layout: RunLayout, rank: int) -> object | None:
     """Write the registration file and arm the cooperative dump; return the open stack file."""
     stack_file = arm_stack_dump(layout.stack_file(rank))
+    node = node_of(os.environ, socket.gethostname())
     record = {
         "run_id": os.environ.get(ENV_RUN_ID, ""),
         "rank": rank,
         "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
-        "node": node_of(os.environ, socket.gethostname()),
+        "node": node,
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
         "started_at": time.time(),
         "cooperative_signal": int(COOPERATIVE_SIGNAL) if stack_file else None,
     }
     with contextlib.suppress(OSError):
-        write_json_atomic(layout.registration(rank), record)
+        layout.registrations(node).mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_json_atomic(layout.registration(rank, node), record)
     return stack_file
 
 

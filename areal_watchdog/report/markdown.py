@@ -82,6 +82,10 @@ def _ranks(report: dict[str, Any]) -> list[str]:
             f"| {rank['rank']}{role} | {rank['node']} | {rank['pid']} | {state} | "
             f"{rank['evidence_method']} | {rank.get('thread') or '-'} | `{rank['where']}` |"
         )
+    if report.get("ranks_total"):
+        lines += ["", f"{len(report['ranks'])} of {report['ranks_total']} ranks shown (culprits, "
+                  "the first of every stack group, the exited); every rank of a node is in "
+                  f"`{report['files']['ranks_by_node']}`"]  # fmt: skip
     if report.get("unanswered_nodes"):
         lines += ["", f"Nodes that did not answer: {', '.join(report['unanswered_nodes'])}"]
     return lines

@@ -5,6 +5,7 @@ everything written (the report handed in is scrubbed already)."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +18,25 @@ FILES_FOR_ALL = 64  # ranks up to which every rank gets its own stack and log fi
 
 
 def write_incident(
-    run_dir: Path, report: dict[str, Any], evidence: Evidence, redactor: Redactor
+    run_dir: Path,
+    report: dict[str, Any],
+    evidence: Evidence,
+    redactor: Redactor,
+    by_node: dict[str, list[dict[str, Any]]] | None = None,
 ) -> Path:
-    """Write the incident directory; the report goes last so its presence means "complete"."""
+    """Write the incident directory; the report goes last so its presence means "complete".
+    ``by_node``: every rank's entry, one file per node, when the report holds a few
+    (``report.bound``)."""
     incident_dir = run_dir / "incidents" / report["incident_id"]
     dir_mode, file_mode = _modes(run_dir)
-    for path in (incident_dir.parent, incident_dir, incident_dir / "stacks", incident_dir / "logs"):
+    folders = ["stacks", "logs", *(["ranks"] if by_node else [])]
+    for path in (incident_dir.parent, incident_dir, *(incident_dir / f for f in folders)):
         path.mkdir(mode=dir_mode, exist_ok=True)
         _chmod_dir(path, dir_mode)
+    for node, entries in (by_node or {}).items():
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", node)  # a node name, never a path
+        write_json_atomic(incident_dir / "ranks" / f"{name}.json", entries, mode=file_mode,
+                          compact=True)  # fmt: skip
     clean_evidence = redactor.scrub_tree(evidence.to_dict())
     write_json_atomic(incident_dir / "evidence.json", clean_evidence, mode=file_mode, compact=True)
     for process in _with_files(evidence, report):

@@ -171,8 +171,12 @@ class RunLayout:
     def incidents_dir(self) -> Path:
         return self.run_dir / "incidents"
 
-    def registration(self, rank: int) -> Path:
-        return self.ranks_dir / f"rank_{rank}.json"
+    def registrations(self, node: str) -> Path:
+        """One node's rank registrations: a sidecar lists its own node's, never the job's."""
+        return self.ranks_dir / "by_node" / node
+
+    def registration(self, rank: int, node: str) -> Path:
+        return self.registrations(node) / f"rank_{rank}.json"
 
     def exit_record(self, rank: int) -> Path:
         return self.ranks_dir / f"rank_{rank}.exit.json"

@@ -28,6 +28,7 @@ from areal_watchdog.diagnose.verdict import Verdict
 from areal_watchdog.evidence.gather import GatherSettings
 from areal_watchdog.evidence.model import MISSING, Evidence, RankEvidence, plain
 from areal_watchdog.notify.notifier import Notifier
+from areal_watchdog.report.bound import split_ranks
 from areal_watchdog.report.build import IncidentContext, build_report, new_incident_id
 from areal_watchdog.report.write import write_incident
 from areal_watchdog.rundir.launch_info import LaunchInfo
@@ -144,6 +145,7 @@ class _Unwritten:
     report: dict[str, Any]
     evidence: Evidence
     redactor: Redactor
+    by_node: dict[str, list[dict[str, Any]]]  # every rank's entry, when the report holds a few
 
 
 @dataclass
@@ -258,10 +260,11 @@ class Incidents:
                 )
         redactor = self.notifier.redactor.with_values(job_secrets(self.watch.pids()))
         report = redactor.scrub_tree(report)  # once, for the files and the messages alike
+        report, by_node = split_ranks(report)
         self.notifier.submit(report)  # first: a message needs no disk
         culprits = culprits_phrase(verdict.culprit_ranks, verdict.culprit_workers)
         verdict_line = f"{verdict.category}, {culprits}: {report['summary']}"
-        self.pending.append(_Unwritten(report, look.evidence, redactor))
+        self.pending.append(_Unwritten(report, look.evidence, redactor, by_node))
         if not self.write_pending():
             self.say(f"verdict (report not on disk yet, retried every poll): {verdict_line}")
         if action in ENDS_JOB:  # whether or not the disk took the report
@@ -274,7 +277,7 @@ class Incidents:
             item = self.pending[0]
             try:
                 path = write_incident(Path(self.info.run_dir), item.report, item.evidence,
-                                      item.redactor)  # fmt: skip
+                                      item.redactor, item.by_node)  # fmt: skip
             except OSError as exc:
                 self.say(f"cannot write the incident report: {exc.strerror or exc}")
                 return False
