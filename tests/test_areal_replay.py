@@ -93,7 +93,11 @@ def test_groups_pick_rows_of_one_step_padded_with_the_step_before(
     from areal_watchdog.trajectory.reader import Replay
 
     run = areal_run(tmp_path, "disabled", saved_step=None)
+    launch_config = run / "watchdog" / "launch_config.yaml"
+    text = launch_config.read_text()
+    launch_config.write_text(text.replace("on_hang: cancel", "on_hang: resume"))
     replay = plan_replay_config(ReplayRequest(run, step=2, groups=(1,)))
+    assert replay.config.watchdog.on_hang == "cancel"  # a replay that hangs ends: nothing resumes
     env = replay.config.launch.env
     assert env["AREAL_WATCHDOG_REPLAY_GROUPS"] == env["AREAL_WATCHDOG_REPLAY_PAD_STEP"] == "1"
     assert replay.config.trial_name == "t_replay2_g1"

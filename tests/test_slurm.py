@@ -336,7 +336,7 @@ def test_status_and_cancel(runs: SlurmRuns, capsys: pytest.CaptureFixture[str]) 
 
 @pytest.mark.slurm
 def test_a_transient_hang_resumes_in_a_new_allocation_without_the_culprit_node(
-    runs: SlurmRuns,
+    runs: SlurmRuns, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``on_hang: resume`` on Slurm: rank 1 of a one-node job freezes once (SIGSTOP) at step 3.
     The job is cancelled after the report; no dumped step to replay, so the hang is taken as
@@ -363,4 +363,6 @@ def test_a_transient_hang_resumes_in_a_new_allocation_without_the_culprit_node(
     ran_on = job_state(resumed).get("NodeList")
     assert ran_on and ran_on != culprit, (ran_on, output[-3000:])
     assert json.loads(checkpoint.read_text())["step"] == 6  # all steps, the last ones there
+    assert main(["status", str(run_dir)]) == 0
+    assert f"nodes excluded {culprit}" in capsys.readouterr().out
     assert "after 1 resume(s) the job completed" in output

@@ -33,7 +33,7 @@ VLLM_SCRIPT = "vllm"  # `vllm serve ...`, the console script
 SERVER_LAUNCHERS = ("areal.infra.launcher.sglang_server", "areal.infra.launcher.vllm_server")
 DATA_SERVICE = "areal.infra.data_service."
 TORCHRUN = ("torch.distributed.run", "torchrun")
-RANK_WRAPPERS = ("areal_watchdog.rank.main", "areal_watchdog.rank_main")
+RANK_WRAPPERS = ("areal_watchdog.rank.main",)
 SIDECAR_MODULE = "areal_watchdog.watch.sidecar"  # ours: never a part of the job, nor a helper
 HELPERS = ("multiprocessing", "joblib", "concurrent.futures")
 

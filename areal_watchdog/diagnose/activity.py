@@ -106,6 +106,7 @@ ENGINE_THREAD = "EngineWorker"  # AReaL's rpc_server runs all engine work in thi
 ROLLOUT_CALLS = frozenset(
     {"prepare_batch", "wait_results", "active_submit_and_wait", "rollout_batch"}
 )
+# Our rank wrapper (rank/main.py; rank_main.py in the recorded fixtures of earlier builds)
 _OUR_FILES = ("areal_watchdog/rank_main.py", "areal_watchdog/rank/", "runpy")
 IDLE_CPU = 0.1  # cores: a rank below this over the last poll burns no CPU, it waits
 

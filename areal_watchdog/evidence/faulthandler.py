@@ -1,4 +1,4 @@
-"""Stacks without ptrace: ask the rank's own ``faulthandler`` (armed by ``rank_main``).
+"""Stacks without ptrace: ask the rank's own ``faulthandler`` (armed by ``rank.main``).
 
 The rank registered ``faulthandler`` on a signal that is ignored by default; on that signal it
 appends every thread's stack to its per-rank file, from the signal handler itself, so it answers

@@ -336,12 +336,14 @@ def recovery_lines(run_dir: Path) -> list[str]:
     for entry in doc["attempts"]:
         entry = entry if isinstance(entry, dict) else {}
         replays, rows = entry.get("replays") or [], entry.get("rows_skipped") or []
+        excluded = entry.get("nodes_excluded") or []
         lines.append(
             f"    hang {entry.get('attempt', '?')}: {entry.get('hang', '?')}: "
             f"{entry.get('decision', '?')}"
             + (f", time lost {entry['time_lost_s']} s" if entry.get("time_lost_s") else "")
             + (f", {len(replays)} replay(s)" if replays else "")
             + (f", {len(rows)} row(s) quarantined" if rows else "")
+            + (f", nodes excluded {', '.join(map(str, excluded))}" if excluded else "")
         )
     if doc.get("outcome"):
         lines.append(f"    outcome: {doc['outcome']}")

@@ -180,6 +180,8 @@ def plan_replay_config(request: ReplayRequest) -> ReplayConfig:
         f"++launch.nproc_per_node={request.nproc or recorded_dp}",
         "++watchdog.trajectory.enabled=false",
     ]
+    if original.watchdog.on_hang == "resume":  # a replay that hangs ends there: nothing resumes it
+        overrides.append("++watchdog.on_hang=cancel")
     overrides += [f"++launch.env.{name}={value}" for name, value in env.items()]
     overrides += unstored_secrets(original, layout.launch_config)
     weights, resharding = None, []
