@@ -322,6 +322,8 @@ def test_a_data_dependent_hang_is_bisected_to_its_row_and_the_job_resumes_withou
     assert result.returncode == 0, result.output[-4000:]
     (report,) = result.reports  # the replays report in their own run directories
     assert (report["category"], report["last_step"]) == ("straggler", 2)
+    (culprit,) = report["culprit_ranks"]
+    record_evidence(report, f"straggler_w2_r{culprit}--areal2-fsdp2-all-gather")
     recovery = report["recovery"]
     assert (recovery["decision"], recovery["resumes_after_step"]) == ("resume", 1)
     whole, *bisection = recovery["replays"]
@@ -387,6 +389,7 @@ def test_spmd_rank_frozen_once_replays_clean_and_the_job_resumes(
     assert result.returncode == 0, result.output[-4000:]
     (report,) = result.reports
     assert report["culprit_ranks"] == [1] and "stopped" in report["summary"], report["summary"]
+    record_evidence(report, f"{report['category']}_w2_r1--areal-spmd-frozen-rank")
     recovery = report["recovery"]
     (replayed,) = recovery["replays"]
     assert (replayed["groups"], replayed["hung"], replayed["exit_code"]) == (None, False, 0)

@@ -24,7 +24,7 @@ from areal_watchdog.launch.local import LocalBackend
 from areal_watchdog.launch.resume_policy import Hang
 from areal_watchdog.rundir.incidents import newest_report
 from areal_watchdog.rundir.layout import RunLayout
-from areal_watchdog.trajectory.format import ENV_REPLAY_DIR, complete_steps
+from areal_watchdog.trajectory.format import ENV_REPLAY_DIR, DumpError, complete_steps
 from areal_watchdog.trajectory.quarantine import QuarantinedRow, add_rows
 from areal_watchdog.trajectory.replay_plan import ReplayRequest, plan_replay_config
 
@@ -84,11 +84,19 @@ def replay_decides(
     whole = run(None)
     if whole.hang is None or not whole.hang.like(hang):
         return ReplayFinding(step, False, _unlike(step, whole), replays)
-    dump_dir, count, floor = _dumped(run_dir, step)
+    try:
+        dump_dir, count, floor = _dumped(run_dir, step)
+    except (UserError, DumpError, OSError) as exc:
+        said = f"the dumped step {step} hangs the same way, but its batch cannot be read: {exc}"
+        return ReplayFinding(step, True, said, replays)
     budget = config.watchdog.resume_max_replays - 1  # the whole step's replay was the first
     found = bisect(tuple(range(count)), lambda g: _same(run(g), hang), budget, floor=floor)
-    rows = _quarantine(config, run_dir, dump_dir, step, found, hang)
-    return ReplayFinding(step, True, _bisected(step, found, count), replays, rows)
+    said = _bisected(step, found, count)
+    try:
+        rows = _quarantine(config, run_dir, dump_dir, step, found, hang)
+    except Exception as exc:  # noqa: BLE001 - a tokenizer fails in many ways; said, not raised
+        return ReplayFinding(step, True, f"{said}; but its rows cannot be named ({exc})", replays)
+    return ReplayFinding(step, True, said, replays, rows)
 
 
 def _replay(run_dir: Path, step: int, groups: tuple[int, ...] | None, out: TextIO) -> Replayed:

@@ -201,14 +201,11 @@ def _replayed(
     if decision.resume:
         info = recover_info_dir(config.raw)
         restart = recovered_step(info) if info else hang.step
+    rows = finding.quarantined if finding else []
     return {
         "replay": finding.note if finding else None,
         "replays": [r.as_dict() for r in finding.replays] if finding else [],
-        "rows_skipped": [
-            {"step": r.step, "group": r.group, "prompt": r.prompt} for r in finding.quarantined
-        ]
-        if finding
-        else [],
+        "rows_skipped": [{"step": r.step, "group": r.group, "prompt": r.prompt} for r in rows],
         "resumes_after_step": restart,
     }
 

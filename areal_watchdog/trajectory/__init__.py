@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 _PUBLIC = {
-    "DumpError": "recorder",
+    "DumpError": "format",
     "TrajectoryRecorder": "recorder",
     "Replay": "reader",
     "load_global_batch": "reader",

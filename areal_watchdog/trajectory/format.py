@@ -30,6 +30,10 @@ ENV_REPLAY_PAD_TO = "AREAL_WATCHDOG_REPLAY_PAD_TO"  # to a multiple of this (the
 _FILE = re.compile(r"^step_(?P<step>\d{6,})(?:_dp_(?P<dp>\d+))?\.pt$")
 
 
+class DumpError(Exception):
+    """A dump cannot be used: missing, truncated, corrupted or from another config."""
+
+
 def step_file_name(step: int, dp_rank: int | None) -> str:
     """``step_000003.pt`` or ``step_000003_dp_1.pt``."""
     return f"step_{step:06d}.pt" if dp_rank is None else f"step_{step:06d}_dp_{dp_rank}.pt"

@@ -24,13 +24,14 @@ from areal_watchdog.trajectory.format import (
     ENV_REPLAY_STEPS,
     ENV_REPLAY_UNSAFE,
     ENV_REPLAY_VERIFIED,
+    DumpError,
     check_file,
     complete_steps,
     int_list,
     list_step_files,
     read_manifest,
 )
-from areal_watchdog.trajectory.recorder import Batch, DumpError
+from areal_watchdog.trajectory.recorder import Batch
 
 
 def load_step_file(

@@ -48,10 +48,6 @@ from areal_watchdog.trajectory.format import (
 Batch = list[dict[str, Any]]
 
 
-class DumpError(Exception):
-    """A dump cannot be used: missing, truncated, corrupted or from another config."""
-
-
 def describe_batch(batch: Batch) -> list[dict[str, Any]]:
     """Per group and key: shape, dtype and byte size of every tensor (plain values: type)."""
     entries = []

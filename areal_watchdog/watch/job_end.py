@@ -1,0 +1,133 @@
+"""How the job ends, as a sidecar sees it: which nodes' jobs exited and how, the final record
+(``finished.json``), a signal that the job is ending (lost peers reported before leaving), and
+a launcher gone (everything of the run ended). A part of ``Sidecar``, kept apart by concept."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+from areal_watchdog.common.atomic import read_json, write_json_atomic
+from areal_watchdog.common.run_processes import kill_run_processes
+from areal_watchdog.launch.slurm.jobs import cancel_jobs
+from areal_watchdog.rundir.launch_info import LaunchInfo
+from areal_watchdog.rundir.records import read_run_record
+from areal_watchdog.watch.triggers import Trigger
+
+
+class JobEnd:
+    """The sidecar's methods on the job's end; ``Sidecar`` holds the state they read."""
+
+    def exit_records(self, read_silent: bool = False) -> dict[str, dict[str, Any]]:
+        """The nodes whose job ended, with their exit records: ours, the others' as their
+        status says; a silent node's (``read_silent``) or every node's from its file."""
+        exits = {self.node: self.own_exit} if self.own_exit else {}
+        for node in self.nodes:
+            status = self.statuses.get(node, {})
+            if node == self.node:
+                continue
+            if status.get("state") in ("exited", "finished"):
+                exits[node] = {"returncode": status.get("returncode")}
+            elif (not read_silent or not self.coordinator.alive(node)) and (
+                record := self.exit_record(node)
+            ) is not None:
+                exits[node] = record
+        return exits
+
+    def exit_record(self, node: str) -> dict[str, Any] | None:
+        return read_run_record(self.layout.job_exit(node), self.info.run_id)
+
+    def finished(self) -> bool:
+        return read_run_record(self.layout.finished_file, self.info.run_id) is not None
+
+    def ending_on_purpose(self) -> bool:
+        """Cancelled by the watchdog, or interrupted by the user: exits are no failures."""
+        return (
+            self.incidents.cancelling
+            or isinstance(read_json(self.layout.cancel_file), dict)
+            or read_run_record(self.layout.interrupted_file, self.info.run_id) is not None
+        )
+
+    def finish(self) -> None:
+        """Every node's job ended (or its node was lost): say how, record it, stop."""
+        exits = self.exit_records()
+        failed = sorted(n for n, r in exits.items() if r.get("returncode") != 0)
+        written = self.incidents.written
+        if not failed:
+            self.say(
+                f"job completed (last step {self.clock.last_step}); {len(written)} incident(s)"
+            )
+        write_json_atomic(
+            self.layout.finished_file,
+            {
+                "run_id": self.info.run_id,
+                "time": time.time(),
+                "by": self.node,
+                "incidents": [str(p) for p in written],
+                "failed_nodes": failed,
+            },
+        )
+        self.publish("finished")
+        self.done = True
+
+    def on_job_ending(self) -> None:
+        """A signal arrived (Slurm is ending the job). Every sidecar that gets it says so in its
+        status; peers that stay silent meanwhile are lost nodes. The first node still standing
+        reports them (or a failed node) before leaving: there is no time to wait for
+        ``node_timeout``, Slurm kills the step after its KillWait."""
+        self.say("job ending (signal received)")
+        self.publish("ending")  # first of all: peers must not take this node for lost
+        self.statuses = self.coordinator.read_all()
+        if self.reported.failure or self.ending_on_purpose() or self.finished():
+            return
+        exits = self.exit_records()
+        quiet = self.quiet_peers([n for n in self.nodes if n != self.node and n not in exits])
+        standing = [n for n in self.nodes if n not in quiet]
+        if standing[0] != self.node:
+            return
+        if quiet:
+            self.reported = replace(self.reported, failure=True)
+            self.incidents.open(Trigger.NODE_SILENT, time.time(), self.statuses, tuple(quiet))
+        elif any(r.get("returncode") != 0 for r in exits.values()):
+            self.reported = replace(self.reported, failure=True)
+            self.incidents.open(Trigger.JOB_FAILED, time.time(), self.statuses)
+            self.finish()
+
+    def orphaned(self) -> None:
+        """The launcher that started us is gone (``kill -9``, a closed terminal): nothing of
+        the run may go on unsupervised. Torchrun stops its ranks when the launcher dies, but
+        AReaL's workers outlive their controller: end every process of the run, and cancel
+        AReaL's Slurm jobs."""
+        killed = kill_run_processes(self.info.run_id)
+        prefix = _areal_jobs(self.info)
+        cancelled = cancel_jobs(prefix) if prefix else []
+        self.say(
+            f"areal-launch is gone: ended the run's {len(killed)} remaining process(es)"
+            + (f" and cancelled AReaL's Slurm jobs {', '.join(cancelled)}" if cancelled else "")
+        )
+
+    def quiet_peers(self, peers: list[str]) -> list[str]:
+        """The peers that say nothing (no new status, not ending) within a few polls."""
+        self.coordinator.read_all()
+        seen = self.coordinator.seen
+        before = {n: seen[n].seq if n in seen else None for n in peers}
+        deadline = time.monotonic() + max(3.0, 3 * self.info.watchdog.poll_interval)
+        spoke: set[str] = set()
+        while peers and time.monotonic() < deadline and len(spoke) < len(peers):
+            time.sleep(min(0.25, self.info.watchdog.poll_interval))
+            self.statuses = self.coordinator.read_all()
+            spoke = {
+                n
+                for n in peers
+                if (n in seen and seen[n].seq != before[n])
+                or self.statuses.get(n, {}).get("state") in ("ending", "finished")
+            }
+        return [n for n in peers if n not in spoke]
+
+
+def _areal_jobs(info: LaunchInfo) -> str | None:
+    """The name prefix of AReaL's Slurm jobs, when AReaL's scheduler submits them."""
+    if not info.dynamic_nodes:
+        return None
+    return f"{info.experiment_name}_{info.trial_name}:"
