@@ -29,7 +29,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -349,23 +348,19 @@ def test_a_data_dependent_hang_is_bisected_to_its_row_and_the_job_resumes_withou
     assert "Recovering from StepInfo(" in next(log).read_text(errors="replace")
 
 
-def freeze_once(run_dir: Path, rank: int, after: str, timeout: float = 600) -> threading.Thread:
-    """SIGSTOP ``rank`` of an SPMD run once, when the dump file ``after`` exists: a rank
-    frozen once (a transient hang: the resumed job has no reason to hang again)."""
+def freeze_once(run_dir: Path, rank: int, after: str, done: threading.Event) -> None:
+    """SIGSTOP ``rank`` of an SPMD run once, when the dump file ``after`` exists (a transient
+    hang: the resumed job has no reason to hang again); never once ``done`` is set."""
 
     def freeze() -> None:
-        deadline = time.monotonic() + timeout
         registrations = run_dir / "watchdog" / "ranks" / "by_node"
-        while time.monotonic() < deadline:
+        while not done.wait(0.2):
             found = list(registrations.glob(f"*/rank_{rank}.json"))
             if (run_dir / "debug_trajectories" / after).exists() and found:
                 os.kill(json.loads(found[0].read_text())["pid"], signal.SIGSTOP)
                 return
-            time.sleep(0.2)
 
-    thread = threading.Thread(target=freeze, daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=freeze, daemon=True).start()
 
 
 @needs_areal
@@ -379,13 +374,15 @@ def test_spmd_rank_frozen_once_replays_clean_and_the_job_resumes(
     report names it; the dumped step replays on torchrun alone (no server launcher) without
     hanging, so the hang is transient; the job resumes from AReaL's recover checkpoint (the
     server launcher, name_resolve and torchrun again) and completes."""
-    run_dir = launcher.root / "gsm8k-grpo" / "frozen"
-    freeze_once(run_dir, rank=1, after="step_000001_dp_1.pt")
-    result = run_areal(
-        launcher, harness, "frozen", python=areal, timeout=900,
-        overrides=["launch.mode=spmd", *TWO_RANKS,
-                   *RECOVER, *RESUME, "total_train_steps=3"],
-    )  # fmt: skip
+    run_dir, done = launcher.root / "gsm8k-grpo" / "frozen", threading.Event()
+    freeze_once(run_dir, rank=1, after="step_000001_dp_1.pt", done=done)
+    try:
+        result = run_areal(
+            launcher, harness, "frozen", python=areal, timeout=900,
+            overrides=["launch.mode=spmd", *TWO_RANKS, *RECOVER, *RESUME, "total_train_steps=3"],
+        )  # fmt: skip
+    finally:
+        done.set()  # a pid of this run is never signalled after it
     assert result.returncode == 0, result.output[-4000:]
     (report,) = result.reports
     assert report["culprit_ranks"] == [1] and "stopped" in report["summary"], report["summary"]

@@ -72,6 +72,29 @@ def test_recorded_evidence_covers_every_pattern() -> None:
     } <= categories
 
 
+@pytest.mark.parametrize(
+    "frozen_at",
+    [in_collective("all_gather_into_tensor", 90), stack(("forward", USER, 40), ("main", USER, 9))],
+    ids=["in-another-collective", "in-ordinary-code"],
+)
+def test_a_stopped_rank_is_the_frozen_peer_wherever_its_stack_stopped(
+    frozen_at: list[ThreadStack],
+) -> None:
+    """SIGSTOP freezes a rank wherever it is: in ordinary code (not a straggler: it burns no
+    CPU and never will) or in a collective its peers are not in (not a code-path mismatch)."""
+    evidence = Evidence(
+        world_size=3,
+        ranks=[
+            rank(0, in_collective("all_reduce", 81)),
+            rank(1, frozen_at, process_status="stopped"),
+            rank(2, in_collective("all_reduce", 81)),
+        ],
+    )
+    verdict = classify(evidence)
+    assert (verdict.category, verdict.culprit_ranks) == ("collective_stuck", [1])
+    assert verdict.summary.startswith("Rank 1 is stopped (SIGSTOP or a debugger) while ranks 0, 2")
+
+
 def test_ten_thousand_ranks_one_outlier() -> None:
     ranks = [rank(r, in_collective("all_reduce", 120)) for r in range(10_000)]
     ranks[4321] = rank(4321, in_collective("broadcast", 130, caller="log_metrics"))

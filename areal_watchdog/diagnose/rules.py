@@ -240,6 +240,23 @@ def _straggler(scene: Scene) -> Verdict | None:
     )
 
 
+def _frozen_peer(scene: Scene) -> Verdict | None:
+    """A stopped rank (SIGSTOP, a debugger) while every other waits in a collective: wherever
+    its stack stopped (ordinary code, another collective), it is the frozen peer."""
+    frozen = sorted(r.rank for r in scene.alive if r.process_status == "stopped")
+    waiting = [r for r in scene.kind("collective", "p2p") if r not in frozen]
+    if not frozen or not waiting or len(frozen) + len(waiting) != len(scene.alive):
+        return None
+    return Verdict(
+        "collective_stuck",
+        0.8,
+        frozen,
+        f"{cap(ranks_phrase(frozen))} {is_are(frozen)} stopped (SIGSTOP or a debugger) while "
+        f"{ranks_phrase(waiting)} {verb(waiting, 'wait')} in a collective "
+        f"({scene.acts[waiting[0]].where}): a frozen peer.",
+    )
+
+
 def _collective_stuck(scene: Scene) -> Verdict | None:
     collective, acts = scene.kind("collective"), scene.acts
     if not collective or len(collective) != len(scene.alive):
@@ -247,16 +264,6 @@ def _collective_stuck(scene: Scene) -> Verdict | None:
     if len({acts[r].signature for r in collective}) != 1:
         return None
     where = acts[collective[0]].where
-    frozen = [r.rank for r in scene.alive if r.process_status == "stopped"]
-    if frozen:
-        return Verdict(
-            "collective_stuck",
-            0.8,
-            sorted(frozen),
-            f"All {len(collective)} ranks wait in the same collective ({where}), and "
-            f"{ranks_phrase(frozen)} {is_are(frozen)} stopped (SIGSTOP or a debugger): a "
-            "frozen peer.",
-        )
     return Verdict(
         "collective_stuck",
         0.7,
@@ -296,6 +303,7 @@ RULES = (
     _never_registered,
     _no_stack,
     _cleanup_deadlock,
+    _frozen_peer,
     _p2p_mismatch,
     _dataloader_stall,
     _straggler,
