@@ -21,6 +21,20 @@ WAITED = re.compile(r"the training loop waited ([\d.]+) ms per step")
 STEPS = 8
 
 Rows = list[tuple[str, str, str]]
+HARNESS = REPO / "examples" / "areal" / "harness" / "make_tiny.py"
+
+
+def cannot_run() -> str | None:
+    """Why a benchmark of real AReaL runs cannot run here (None: it can)."""
+    if importlib.util.find_spec("areal") is None or os.geteuid() != 0:
+        return "needs the areal package and root"
+    return None
+
+
+def make_harness(folder: Path, *flags: str) -> None:
+    """The CPU harness (tiny model, tokenizer, dataset) in ``folder``, made offline."""
+    subprocess.run([sys.executable, str(HARNESS), str(folder), *flags], check=True,
+                   capture_output=True)  # fmt: skip
 
 
 def step_seconds(log: Path) -> list[float]:
@@ -52,13 +66,12 @@ def run_areal_benchmarks(quick: bool = False) -> Iterator[tuple[str, Rows]]:
         f"Trajectory hook on real AReaL 1.0 steps (GRPO, CPU harness, single controller, "
         f"{STEPS} steps per run, runs alternated)"
     )
-    if importlib.util.find_spec("areal") is None or os.geteuid() != 0:
-        yield title, [("skipped", "needs the areal package and root", "-")]
+    if cannot_run():
+        yield title, [("skipped", cannot_run(), "-")]
         return
     with tempfile.TemporaryDirectory(prefix="areal-bench-hook-") as tmp:
         root = Path(tmp)
-        make = [sys.executable, str(REPO / "examples" / "areal" / "harness" / "make_tiny.py")]
-        subprocess.run([*make, str(root / "harness")], check=True, capture_output=True)
+        make_harness(root / "harness")
         off: list[float] = []
         on: list[float] = []
         waits: list[float] = []

@@ -13,7 +13,6 @@ and the restart beside the job's own start-up time (the issue's goal: within 2x)
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -28,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 
 import psutil
+from bench_areal import cannot_run, make_harness
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "examples" / "areal" / "gsm8k_grpo.yaml"
@@ -152,15 +152,14 @@ def run_resume_benchmarks(quick: bool = False) -> Iterator[tuple[str, Rows]]:
         f"on_hang: resume on real AReaL (CPU harness, single controller, fsdp:d2, {STEPS} steps; "
         f"a poisoned row at step {POISONED_ROW // 2}, a rank frozen once at step {FROZEN_STEP})"
     )
-    if importlib.util.find_spec("areal") is None or os.geteuid() != 0:
-        yield title, [("skipped", "needs the areal package and root", "-")]
+    if cannot_run():
+        yield title, [("skipped", cannot_run(), "-")]
         return
     with tempfile.TemporaryDirectory(prefix="areal-bench-resume-") as tmp:
         root = Path(tmp)
-        make = [sys.executable, str(REPO / "examples" / "areal" / "harness" / "make_tiny.py")]
-        subprocess.run([*make, str(root / "clean" / "harness")], check=True, capture_output=True)
+        make_harness(root / "clean" / "harness")
         clean = run_benchmark(root / "clean", freeze=False)
-        subprocess.run([*make, str(root / "harness"), "--train-poison-from", str(POISONED_ROW),
-                        "--train-poison-count", "1"], check=True, capture_output=True)  # fmt: skip
+        make_harness(root / "harness", "--train-poison-from", str(POISONED_ROW),
+                     "--train-poison-count", "1")  # fmt: skip
         lines = run_benchmark(root)
         yield title, summarize(root, lines, clean[-1][0] - clean[0][0])
