@@ -79,6 +79,27 @@ def test_stall_clock_auto_learns_from_intervals() -> None:
     assert not clock.stalled(149) and clock.stalled(151)
 
 
+def test_the_silence_after_the_last_step_is_teardown_judged_by_its_own_timeout(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "main.log"
+    log.write_text("")
+    tail = StepLogTail([str(log)], DEFAULT_STEP_REGEX)
+    tail.poll()
+    log.write_text("Epoch 1/1 Step 2/3 Train step 2/3 done.\n")
+    assert (tail.poll(), tail.total) == ([2], 3)
+    clock = StallClock(stall_timeout=10, startup_timeout=100, teardown_timeout=60, started_at=0)
+    clock.total = tail.total
+    clock.step(2, now=0)
+    assert clock.threshold == 10 and clock.stalled(11)
+    clock.step(3, now=20)  # the last step: what follows is teardown
+    assert clock.tearing_down and clock.threshold == 60
+    assert not clock.stalled(79) and clock.stalled(81)
+    plain = StallClock(stall_timeout=10, startup_timeout=100, started_at=0)
+    plain.step(3, now=0)  # no total said: every silence is judged alike
+    assert not plain.tearing_down and plain.stalled(11)
+
+
 def test_stall_clock_hold_suspends_detection() -> None:
     clock = StallClock(stall_timeout=10, startup_timeout=100, started_at=0.0)
     clock.step(1, now=0)

@@ -90,7 +90,8 @@ def test_a_slow_phase_and_an_announced_pause_are_never_cancelled(launcher: Launc
     """Steps take 1.5 s against a 3 s threshold. Step 2 is slow, unannounced (4.5 s): a stall
     at the first look, but on the second look (on_hang=cancel looks twice) a new step came:
     reported as suspected, not cancelled. The checkpoint pause at step 3 (5 s) exceeds the
-    threshold but is announced through areal_watchdog.expect_pause: no incident at all."""
+    threshold but is announced through areal_watchdog.expect_pause: no incident at all. After
+    the last step (``Step 4/4``) rank 0 saves for 5 s: teardown, no hang either."""
     result = launcher.run(
         [
             *FAST,
@@ -103,6 +104,7 @@ def test_a_slow_phase_and_an_announced_pause_are_never_cancelled(launcher: Launc
             "+watchdog.confirm_after=3",
             "demo.pause_step=3",
             "demo.pause_time=5",
+            "demo.teardown_time=5",
         ]
     )
     assert result.returncode == 0, result.output[-3000:]
@@ -112,6 +114,9 @@ def test_a_slow_phase_and_an_announced_pause_are_never_cancelled(launcher: Launc
     assert report["action"] == "report" and report["confirmation"]["confirmed"] is False
     assert report["summary"].startswith("Suspected, not confirmed: on a second look 3 s later")
     assert "pause announced (saving checkpoint)" in result.output
+    assert "last step seen: step 4 of 4; the job's teardown counts as a hang after 300 s" in (
+        result.output
+    )
     assert "job completed (last step 4)" in result.output
 
 

@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 # AReaL's step line is ``... Epoch 1/1 Step 3/233 Train step 3/233 done.``: the last match on a
-# line wins, so the global "Train step" beats the epoch-local "Step".
+# line wins, so the global "Train step" beats the epoch-local "Step"; ``total`` (optional) says
+# when the step seen is the job's last one (what follows it is teardown).
 DEFAULT_STEP_REGEX = (
     r"(?i)(?:\btrain step|\bglobal[_ ]step|\bstep|\biteration|\biter)\s*[=:#]?\s*(?P<step>\d+)"
+    r"(?:/(?P<total>\d+))?"
 )
 OUR_SECTIONS = ("launch", "watchdog")
 DEFAULT_EXPERIMENT = "areal-job"
@@ -69,6 +71,7 @@ class WatchdogSection:
     enabled: bool = False
     stall_timeout: float | None = 600.0  # None means "auto"
     startup_timeout: float = 1800.0
+    teardown_timeout: float = 300.0  # the least silence after the job's last step that is a hang
     poll_interval: float = 1.0
     step_regex: str = DEFAULT_STEP_REGEX
     log_files: list[str] = field(default_factory=list)

@@ -35,10 +35,10 @@ LAUNCH_KEYS = {
     "run_dir_mode",
 }  # fmt: skip
 WATCHDOG_KEYS = {
-    "enabled", "stall_timeout", "startup_timeout", "poll_interval", "step_regex", "log_files",
-    "on_hang", "auto_factor", "auto_min_timeout", "dump_timeout", "stack_method", "crash_grace",
-    "flight_recorder", "gpu", "node_timeout", "evidence_timeout", "debug_env", "notify",
-    "spool_retry_interval", "trajectory", "confirm_after", "resume",
+    "enabled", "stall_timeout", "startup_timeout", "teardown_timeout", "poll_interval",
+    "step_regex", "log_files", "on_hang", "auto_factor", "auto_min_timeout", "dump_timeout",
+    "stack_method", "crash_grace", "flight_recorder", "gpu", "node_timeout", "evidence_timeout",
+    "debug_env", "notify", "spool_retry_interval", "trajectory", "confirm_after", "resume",
 }  # fmt: skip
 GPU_KEYS = {"backend", "recording", "idle_utilization", "spin_power_fraction", "idle_timeout"}
 TRAJECTORY_KEYS = {"enabled", "max_keep", "pin_steps", "dump_steps"}
@@ -46,6 +46,7 @@ RESUME_KEYS = {"max_attempts", "backoff", "max_replays"}
 # watchdog.<key> (or watchdog.gpu.<key>) -> the smallest value that makes sense
 SECONDS = {
     "startup_timeout": 1e-9,
+    "teardown_timeout": 0.0,
     "poll_interval": 0.05,
     "auto_factor": 1.0,
     "auto_min_timeout": 0.0,

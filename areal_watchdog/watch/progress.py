@@ -33,7 +33,13 @@ LEARNED_FACTOR = 1.5  # a silence shorter than this many of the longest step see
 
 
 def find_step(line: str, pattern: regex.Pattern[str]) -> int | None:
-    """The step number on a log line (ANSI colours stripped; the last match wins).
+    """The step number on a log line (ANSI colours stripped; the last match wins)."""
+    return find_progress(line, pattern)[0]
+
+
+def find_progress(line: str, pattern: regex.Pattern[str]) -> tuple[int | None, int | None]:
+    """The step number on a log line and, when the line says it (``Train step 3/233``), the
+    job's total (None when absent).
 
     The match runs in the ``regex`` engine with a time budget per line: a pattern that
     backtracks catastrophically raises TimeoutError instead of pinning the sidecar's CPU."""
@@ -41,11 +47,15 @@ def find_step(line: str, pattern: regex.Pattern[str]) -> int | None:
     for match in pattern.finditer(ANSI_ESCAPE.sub("", line), timeout=LINE_BUDGET_S):
         last = match
     if last is None:
-        return None
-    value = last.groupdict().get("step") or last.group(1)
+        return None, None
+    groups = last.groupdict()
+    return _number(groups.get("step") or last.group(1)), _number(groups.get("total"))
+
+
+def _number(value: str | None) -> int | None:
     try:
-        return int(value)
-    except (TypeError, ValueError):
+        return int(value) if value is not None else None
+    except ValueError:
         return None
 
 
@@ -70,6 +80,7 @@ class StepLogTail:
         self.cursors: dict[str, _Cursor] = {}
         self.refused: dict[str, str] = {}  # path -> why its lines do not count
         self.phases = StepPhases()
+        self.total: int | None = None  # the job's last step, as the last step line said
         self._started = False
 
     def poll(self) -> list[int]:
@@ -120,12 +131,13 @@ class StepLogTail:
         steps = []
         for raw in lines:
             try:
-                step = find_step(raw.decode("utf-8", errors="replace"), self.regex)
+                step, total = find_progress(raw.decode("utf-8", errors="replace"), self.regex)
             except TimeoutError:
                 self.slow_lines += 1
                 continue
             if step is not None:
                 steps.append(step)
+                self.total = total
                 self.phases.new_step()
             self.phases.read(raw)
         return steps
@@ -227,12 +239,17 @@ class StallClock:
 
     ``stall_timeout=None`` means ``auto``: ``auto_factor`` times the largest observed step
     interval, never below ``auto_min_timeout`` (``startup_timeout`` until an interval is seen).
+    After the job's last step (``total``, when its step lines say it) the silence is its
+    teardown: a stall after ``teardown_timeout`` at the least (saving, closing the process
+    groups and servers outlast a step, and a resume would have nothing left to train).
     """
 
     stall_timeout: float | None
     startup_timeout: float
     auto_factor: float = 5.0
     auto_min_timeout: float = 60.0
+    teardown_timeout: float = 300.0
+    total: int | None = None  # the job's last step, once a step line said it
     started_at: float = field(default_factory=time.time)
     last_progress_at: float = 0.0
     last_step: int | None = None
@@ -269,9 +286,21 @@ class StallClock:
         self.last_progress_at = max(self.last_progress_at, now)
 
     @property
+    def tearing_down(self) -> bool:
+        """The job's last step was seen: what is left is its teardown."""
+        if self.total is None or self.last_step is None:
+            return False
+        return self.last_step >= self.total
+
+    @property
     def threshold(self) -> float:
         if self.first_step_at is None:
             return self.startup_timeout
+        if self.tearing_down:
+            return max(self.teardown_timeout, self._stepping_threshold())
+        return self._stepping_threshold()
+
+    def _stepping_threshold(self) -> float:
         learned = LEARNED_FACTOR * self.learned_step
         if self.stall_timeout is not None:
             return max(self.stall_timeout, learned)

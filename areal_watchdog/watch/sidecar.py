@@ -76,8 +76,9 @@ class Sidecar(JobEnd):
         wd = self.info.watchdog
         self.layout = self.info.layout
         self.clock = StallClock(
-            wd.stall_timeout, wd.startup_timeout, wd.auto_factor, wd.auto_min_timeout
-        )
+            wd.stall_timeout, wd.startup_timeout, wd.auto_factor, wd.auto_min_timeout,
+            wd.teardown_timeout,
+        )  # fmt: skip
         patterns = default_log_patterns(self.layout, self.info, self.nodes[0])
         owner = self.layout.run_dir.stat().st_uid  # the job's user: its logs alone count
         self.tail = StepLogTail(patterns + list(wd.log_files), wd.step_regex, owner)
@@ -234,6 +235,7 @@ class Sidecar(JobEnd):
             "returncode": (self.own_exit or {}).get("returncode"),
             "last_step": self.clock.last_step,
             "last_progress_at": self.clock.last_progress_at,
+            "total_steps": self.clock.total,
             "local_step": self.beats.max_step,
             "pause_until": self.beats.pause_until,
             "pause_reason": self.beats.pause_reason,
@@ -274,6 +276,8 @@ class Sidecar(JobEnd):
                 pause_until, pause_reason = float(status["pause_until"]), status["pause_reason"]
             if not leading and node == self.coordinator.leader():
                 self.clock.adopt(status.get("last_step"), status.get("last_progress_at"))
+                total = status.get("total_steps")
+                self.clock.total = total if isinstance(total, int) else self.clock.total
         progress = [s for s in steps if self.clock.step(s, now)]
         if pause_until > now:
             self.clock.hold(now)
@@ -283,9 +287,16 @@ class Sidecar(JobEnd):
                     f"pause announced ({pause_reason or 'no reason given'}): "
                     f"stall detection suspended for up to {pause_until - now:.0f} s"
                 )
+        if self.tail.total is not None:
+            self.clock.total = self.tail.total
         if not progress:
             return
-        if self.reported.silence:
+        if self.clock.tearing_down:
+            self.say(
+                f"last step seen: step {self.clock.last_step} of {self.clock.total}; the job's "
+                f"teardown counts as a hang after {self.clock.threshold:.0f} s"
+            )
+        elif self.reported.silence:
             self.say(f"progress resumed at step {self.clock.last_step}")
         elif self.clock.first_step_at == now:
             self.say(f"first step seen: step {self.clock.last_step}")

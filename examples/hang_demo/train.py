@@ -16,6 +16,8 @@ when ``demo.hang`` names a pattern, misbehaves on ``demo.hang_rank`` at ``demo.h
 With ``demo.checkpoint`` (a file), rank 0 records each finished step there and a resumed run
 (``on_hang: resume`` sets AREAL_WATCHDOG_RESUME_ATTEMPT) starts after it; ``demo.hang_once``
 makes the hang transient: it happens only while ``<checkpoint>.hung`` does not exist.
+``demo.teardown_time`` keeps rank 0 busy after the last step (a final save) while the others
+wait in the closing barrier.
 
 Run it through ``areal-launch --watchdog local examples/hang_demo/config.yaml``.
 """
@@ -188,6 +190,7 @@ def main() -> None:
         "heartbeat": False,
         "checkpoint": "",
         "hang_once": False,
+        "teardown_time": 0.0,
     }
     settings.update(config.get("demo") or {})
     rank = int(os.environ["RANK"])
@@ -233,6 +236,8 @@ def main() -> None:
                 print(step_line(step, steps), f"loss={loss:.4f}", flush=True)
                 if settings["checkpoint"]:
                     save_checkpoint(settings["checkpoint"], step)
+        if rank == 0:
+            time.sleep(settings["teardown_time"])  # the final save, while the peers wait
     if rank == 0:
         print("Training completes! Total time elapsed 0.", flush=True)
 
