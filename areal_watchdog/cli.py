@@ -2,6 +2,7 @@
 
     areal-launch [--watchdog] local CONFIG [key=value ...] [--dry-run]
     areal-launch [--watchdog] slurm CONFIG [key=value ...] [--dry-run] [--wait]
+    areal-launch [--watchdog] ray CONFIG [key=value ...] [--dry-run]
     areal-launch status RUN_DIR_OR_JOB_ID
     areal-launch cancel RUN_DIR_OR_JOB_ID
     areal-launch replay RUN_DIR [--step N | --from N --to M] [--nproc K] [--dry-run]
@@ -53,7 +54,7 @@ from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.rundir.secure import check_run_dir, private_dir_problem
 from areal_watchdog.trajectory.replay_plan import ReplayRequest, plan_replay_config
 
-COMMANDS = ("local", "slurm", "status", "cancel", "replay", "notify-test", "diagnose")
+COMMANDS = ("local", "slurm", "ray", "status", "cancel", "replay", "notify-test", "diagnose")
 
 
 def _launch_parser(backend: str) -> argparse.ArgumentParser:
@@ -130,7 +131,7 @@ def run_preflight(config: JobConfig, watchdog: bool, ignore: bool) -> None:
 
 
 def cmd_launch(name: str, argv: list[str], watchdog: bool) -> int:
-    """``local`` and ``slurm``: one path for every backend, the dry run included."""
+    """``local``, ``slurm`` and ``ray``: one path for every backend, the dry run included."""
     parser = _launch_parser(name)
     if name == "slurm":
         parser.add_argument(
@@ -332,6 +333,7 @@ def cmd_diagnose(argv: list[str], _watchdog: bool) -> int:
 HANDLERS: dict[str, Callable[[list[str], bool], int]] = {
     "local": lambda argv, watchdog: cmd_launch("local", argv, watchdog),
     "slurm": lambda argv, watchdog: cmd_launch("slurm", argv, watchdog),
+    "ray": lambda argv, watchdog: cmd_launch("ray", argv, watchdog),
     "status": cmd_status,
     "cancel": cmd_cancel,
     "replay": cmd_replay,

@@ -339,6 +339,11 @@ def test_a_data_dependent_hang_is_bisected_to_its_row_and_the_job_resumes_withou
     assert "## Recovery" in markdown and "Rows left out of the resumed run" in markdown
     assert "quarantine: 1 row(s) of the training data left out" in result.output
     assert "after 1 resume(s) the job completed" in result.output
+    # AReaL's line says "Train step 4/31": total_train_steps=4 caps it, and the teardown of
+    # its controller after step 4 (over 12 s under load) is no hang
+    assert "last step seen: step 4 of 4; the job's teardown counts as a hang after 300 s" in (
+        result.output
+    )
     shown = subprocess.run(
         [sys.executable, "-m", "areal_watchdog.cli", "status", str(result.run_dir)],
         capture_output=True, text=True, cwd=REPO, check=True,

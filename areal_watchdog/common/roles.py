@@ -35,6 +35,7 @@ DATA_SERVICE = "areal.infra.data_service."
 TORCHRUN = ("torch.distributed.run", "torchrun")
 RANK_WRAPPERS = ("areal_watchdog.rank.main",)
 SIDECAR_MODULE = "areal_watchdog.watch.sidecar"  # ours: never a part of the job, nor a helper
+OUR_LAUNCHERS = "areal_watchdog.launch."  # ours too (the Ray job's driver): never a part
 HELPERS = ("multiprocessing", "joblib", "concurrent.futures")
 
 
@@ -61,6 +62,8 @@ def identify(argv: list[str], env: dict[str, str], controller_config: str) -> Id
         return None
     python = _is_python(argv[0])
     module = _module(argv) if python else None
+    if module and module.startswith(OUR_LAUNCHERS):
+        return None
     if module in RPC_MODULES:
         index = _flag(argv, "--worker-index") or env.get("SLURM_PROCID")
         return Identity(_flag(argv, "--role") or "worker", _int(index))

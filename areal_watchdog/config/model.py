@@ -50,6 +50,17 @@ GPU_BACKENDS = ("auto", "nvml", "nvidia-smi", "recorded", "none")
 
 
 @dataclass(frozen=True)
+class RaySection:
+    """Where a ``ray`` launch runs: an existing cluster's Jobs API (``address``, else
+    ``RAY_ADDRESS``), or a cluster of ``nodes`` raylets this machine starts for the run."""
+
+    address: str | None = None  # http://HEAD:8265, the dashboard that serves Ray's Jobs API
+    nodes: int | None = None  # this machine's own cluster: raylets (None: cluster.n_nodes)
+    cpus_per_node: int = 4  # logical CPUs each of its raylets offers
+    gpus_per_node: int = 0  # logical GPUs each offers (default: cluster.n_gpus_per_node)
+
+
+@dataclass(frozen=True)
 class LaunchSection:
     """How to start the training script."""
 
@@ -61,6 +72,7 @@ class LaunchSection:
     python: str = sys.executable
     env: dict[str, str] = field(default_factory=dict)
     slurm: dict[str, Any] = field(default_factory=dict)
+    ray: RaySection = field(default_factory=RaySection)
     run_dir_mode: int = 0o700  # the run directory's permissions: nobody else may write there
 
 

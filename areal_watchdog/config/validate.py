@@ -25,6 +25,7 @@ from areal_watchdog.config.model import (
     STACK_METHODS,
     JobConfig,
     LaunchSection,
+    RaySection,
     WatchdogSection,
 )
 from areal_watchdog.notify.sinks import parse_sinks
@@ -32,8 +33,9 @@ from areal_watchdog.notify.sinks import parse_sinks
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 LAUNCH_KEYS = {
     "entrypoint", "mode", "args", "nproc_per_node", "config_arg", "python", "env", "slurm",
-    "run_dir_mode",
+    "ray", "run_dir_mode",
 }  # fmt: skip
+RAY_KEYS = {"address", "nodes", "cpus_per_node", "gpus_per_node"}
 WATCHDOG_KEYS = {
     "enabled", "stall_timeout", "startup_timeout", "teardown_timeout", "poll_interval",
     "step_regex", "log_files", "on_hang", "auto_factor", "auto_min_timeout", "dump_timeout",
@@ -131,8 +133,27 @@ def _launch(check: Checker, tree: dict[str, Any], n_gpus: int) -> LaunchSection:
         python=python,
         env=check.string_map(tree, "launch.env"),
         slurm=slurm,
+        ray=_ray(check, check.section(tree, "launch.ray"), n_gpus),
         run_dir_mode=_run_dir_mode(check, tree),
     )
+
+
+def _ray(check: Checker, ray: dict[str, Any], n_gpus: int) -> RaySection:
+    check.known_keys(ray, "launch.ray", RAY_KEYS)
+    address = check.optional_text(ray, "launch.ray.address", None)
+    if address is not None and not address.startswith(("http://", "https://")):
+        raise check.fail(
+            "launch.ray.address", f"must be the Jobs API's URL (http://HEAD:8265), got {address!r}"
+        )
+    return RaySection(
+        address=address,
+        nodes=check.integer(ray, "launch.ray.nodes", 1, minimum=1, maximum=16)
+        if "nodes" in ray
+        else None,
+        cpus_per_node=check.integer(ray, "launch.ray.cpus_per_node", 4, minimum=1, maximum=4096),
+        gpus_per_node=check.integer(ray, "launch.ray.gpus_per_node", n_gpus, minimum=0,
+                                    maximum=MAX_NPROC_PER_NODE),
+    )  # fmt: skip
 
 
 def _run_dir_mode(check: Checker, tree: dict[str, Any]) -> int:

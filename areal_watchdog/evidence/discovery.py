@@ -84,6 +84,7 @@ class Scope:
     world_size: int | None = None  # ranks beyond it are forged records, never watched
     rank_role: str | None = None  # AReaL's role whose workers are the ranks (single controller)
     controller_config: str = ""  # the job config path only the controller holds
+    raylet: str | None = None  # on a Ray node: its raylet's pid (Ray's workers carry theirs)
 
 
 def discover(layout: RunLayout, scope: Scope, expected: int = 0) -> Discovered:
@@ -207,7 +208,7 @@ def _from_environment(layout: RunLayout, scope: Scope, owner: int) -> list[JobPr
             if not _ours(proc, owner):
                 continue
             env = proc.environ()
-            if env.get(ENV_RUN_ID) != scope.run_id or node_of(env, scope.node) != scope.node:
+            if env.get(ENV_RUN_ID) != scope.run_id or not _on_node(env, scope):
                 continue
             who = identify(proc.cmdline(), env, scope.controller_config)
         except (psutil.Error, OSError):
@@ -226,6 +227,13 @@ def _from_environment(layout: RunLayout, scope: Scope, owner: int) -> list[JobPr
         if made is not None:
             found.append(made)
     return found
+
+
+def _on_node(env: dict[str, str], scope: Scope) -> bool:
+    """On this node: as Slurm or our launcher says, or, on Ray, started by this node's raylet."""
+    if scope.raylet is not None:
+        return env.get("RAY_RAYLET_PID") == scope.raylet
+    return node_of(env, scope.node) == scope.node
 
 
 def _job_process(

@@ -76,7 +76,7 @@ def plan_areal(
         if ENV_RUN_ID in env:
             env[ENV_RANK_ROLE] = RANK_ROLE
         controller = ProcessSpec(
-            "controller", _script_command(config, layout), env,
+            "controller", script_command(config, layout), env,
             log=str(layout.logs_dir / f"controller_{node}.log"),
         )  # fmt: skip
         return ArealJob([controller], tree, actor.world_size, RANK_ROLE, [records])
@@ -100,7 +100,7 @@ def areal_environment(layout: RunLayout, python: str, env: dict[str, str]) -> di
     }
 
 
-def _script_command(config: JobConfig, layout: RunLayout) -> list[str]:
+def script_command(config: JobConfig, layout: RunLayout) -> list[str]:
     """``python train.py ARGS --config JOB_CONFIG``, as AReaL's docs run a training script."""
     entry = resolve_entrypoint(config)
     script = [entry] if entry.endswith(".py") else ["-m", entry]
@@ -135,7 +135,7 @@ def _spmd_processes(
     )  # fmt: skip
     if ENV_REPLAY_DIR in env:  # a replay: the dumped batches stand in for every server
         return [trainer]
-    entry = _script_command(config, layout)[1:]
+    entry = script_command(config, layout)[1:]
     servers = ProcessSpec(
         "inference-servers",
         [config.launch.python, "-m", module, *entry, f"++cluster.n_gpus_per_node={gen_devices}"],

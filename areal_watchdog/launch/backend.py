@@ -25,7 +25,12 @@ class Backend(Protocol):
 
 
 def backend(name: str, wait: bool = False) -> Backend:
-    """The backend called ``name`` (``local`` or ``slurm``; ``wait``: follow a submitted job)."""
+    """The backend called ``name`` (``local``, ``slurm`` or ``ray``; ``wait``: follow a
+    submitted job)."""
+    if name == "ray":
+        from areal_watchdog.launch.ray.backend import RayBackend
+
+        return RayBackend()
     if name == "slurm":
         from areal_watchdog.launch.slurm.backend import SlurmBackend
 

@@ -112,6 +112,7 @@ def stale_state(layout: RunLayout) -> list[Path]:
         layout.job_exit_dir,
         layout.finished_file,
         layout.cancel_file,
+        layout.launcher_file,
         layout.interrupted_file,
         layout.recovery_file,
         layout.tasks_dir,

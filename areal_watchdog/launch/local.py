@@ -193,16 +193,22 @@ class _LocalRun:
         return ExitCode.OK if returncode == 0 else ExitCode.JOB_FAILED
 
     def say_verdict(self) -> None:
-        """The last words on the terminal after a cancel: the verdict and where the report is
-        (a full disk may have kept both off the disk: the sidecar said the verdict already)."""
-        cancel = read_json(self.layout.cancel_file) or {}
-        incident = self.layout.incidents_dir / str(cancel.get("incident_id", self.cancel_incident))
-        report = read_json(incident / "report.json")
-        if isinstance(report, dict):
-            self.say(
-                f"job cancelled after a hang: {report.get('category')} -- {report.get('summary')}"
-            )
-            self.say(f"report: {incident / 'report.md'}")
+        for line in cancel_verdict(self.layout, self.cancel_incident):
+            self.say(line)
+
+
+def cancel_verdict(layout: RunLayout, incident_id: str | None = None) -> list[str]:
+    """The last words on the terminal after a cancel: the verdict and where the report is
+    (a full disk may have kept both off the disk: the sidecar said the verdict already)."""
+    cancel = read_json(layout.cancel_file) or {}
+    incident = layout.incidents_dir / str(cancel.get("incident_id", incident_id))
+    report = read_json(incident / "report.json")
+    if not isinstance(report, dict):
+        return []
+    return [
+        f"job cancelled after a hang: {report.get('category')} -- {report.get('summary')}",
+        f"report: {incident / 'report.md'}",
+    ]
 
 
 class _Piped:

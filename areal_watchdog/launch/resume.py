@@ -49,6 +49,11 @@ def check_resumable(config: JobConfig, backend: str, mode: str, wait: bool = Tru
     AReaL job from its first step."""
     if config.watchdog.on_hang != "resume":
         return
+    if backend == "ray":
+        raise UserError(
+            f"{config.source}: watchdog.on_hang: resume is not on the ray backend yet; use "
+            "on_hang: cancel (or report) there"
+        )
     if backend == "slurm" and (mode != "torchrun" or not wait):
         raise UserError(
             f"{config.source}: watchdog.on_hang: resume on Slurm "

@@ -33,6 +33,8 @@ class LaunchInfo:
     # AReaL's single controller on Slurm: ``nodes`` is the controller's host, the leader; the
     # nodes AReaL's jobs land on join when their sidecars first publish.
     dynamic_nodes: bool = False
+    # AReaL's ``total_train_steps``: its step lines say the epochs' total even when this caps it
+    total_steps: int | None = None
 
     @classmethod
     def for_config(
@@ -61,6 +63,7 @@ class LaunchInfo:
             fileroot=config.fileroot,
             watchdog=config.watchdog,
             trajectory_dir=str(config.trajectory_dir) if config.watchdog.trajectory_dump else None,
+            total_steps=_total_steps(config.raw.get("total_train_steps")),
         )
 
     @property
@@ -85,3 +88,7 @@ class LaunchInfo:
                 "made by areal-launch?"
             )
         return cls.from_dict(data)
+
+
+def _total_steps(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

@@ -14,6 +14,9 @@ from pathlib import Path
 ENV_RUN_ID = "AREAL_WATCHDOG_RUN_ID"
 ENV_WATCH_DIR = "AREAL_WATCHDOG_DIR"
 ENV_NODE = "AREAL_WATCHDOG_NODE"
+# A sidecar on a Ray node: its raylet's pid. Every process Ray starts on a node carries its
+# raylet's (RAY_RAYLET_PID), which tells apart the nodes of raylets that share one host.
+ENV_RAYLET = "AREAL_WATCHDOG_RAYLET_PID"
 ENV_JOB_CONFIG = "AREAL_WATCHDOG_JOB_CONFIG"  # the controller is the process that holds it
 ENV_RANK_ROLE = "AREAL_WATCHDOG_RANK_ROLE"  # the AReaL role whose workers are the ranks (actor)
 # The write end of a pipe from the local sidecar to its launcher: "cancel <incident id>" ends
@@ -70,6 +73,16 @@ class RunLayout:
     @property
     def logs_dir(self) -> Path:
         return self.watch_dir / "logs"
+
+    @property
+    def ray_driver_log(self) -> Path:
+        """The Ray job's driver output (AReaL's launcher and the lines Ray forwards to it)."""
+        return self.logs_dir / "ray_driver.log"
+
+    @property
+    def ray_cluster_file(self) -> Path:
+        """The process groups of the Ray cluster the launcher started for the run."""
+        return self.watch_dir / "ray_cluster.json"
 
     @property
     def torchrun_logs_dir(self) -> Path:
@@ -151,6 +164,11 @@ class RunLayout:
     def interrupted_file(self) -> Path:
         """Written by the launcher when the user interrupts it: an ending, not a failure."""
         return self.watch_dir / "interrupted.json"
+
+    @property
+    def launcher_file(self) -> Path:
+        """The launcher's heartbeat, where sidecars cannot watch its pid (Ray's nodes)."""
+        return self.watch_dir / "launcher.json"
 
     @property
     def cancel_file(self) -> Path:

@@ -17,6 +17,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -31,18 +32,19 @@ from areal_watchdog.launch.slurm.node import slurm_nodes
 from areal_watchdog.notify.notifier import Notifier
 from areal_watchdog.notify.sinks import SinkSpec
 from areal_watchdog.rundir.launch_info import LaunchInfo
+from areal_watchdog.rundir.layout import ENV_RAYLET
 from areal_watchdog.watch.coordination import Coordinator
 from areal_watchdog.watch.incident import Incidents, local_evidence
 from areal_watchdog.watch.job_end import JobEnd
+from areal_watchdog.watch.launcher_heartbeat import watch_heartbeat
 from areal_watchdog.watch.node import NodeWatch
 from areal_watchdog.watch.progress import (
-    LINE_BUDGET_S,
     HeartbeatState,
     StallClock,
     StepLogTail,
     default_log_patterns,
-    read_heartbeats,
 )
+from areal_watchdog.watch.progress_watch import ProgressWatch
 from areal_watchdog.watch.standby import wait_for_node_lock
 from areal_watchdog.watch.triggers import (
     Action,
@@ -51,7 +53,6 @@ from areal_watchdog.watch.triggers import (
     Snapshot,
     Trigger,
     decide,
-    progressed,
 )
 
 NOTIFY_FINISH_TIMEOUT = 30.0  # seconds to finish sending before the rest waits in the spool
@@ -60,7 +61,7 @@ FOLLOWER_LINGER = 60.0  # seconds a finished follower keeps answering a leader t
 
 
 @dataclass
-class Sidecar(JobEnd):
+class Sidecar(JobEnd, ProgressWatch):
     """The watchdog loop for one node (how the job ends: ``job_end``)."""
 
     info: LaunchInfo
@@ -90,7 +91,7 @@ class Sidecar(JobEnd):
         )  # fmt: skip
         scope = Scope(
             self.info.run_id, self.node, self.info.world_size, self.info.rank_role,
-            str(self.layout.job_config),
+            str(self.layout.job_config), os.environ.get(ENV_RAYLET) or None,
         )  # fmt: skip
         self.watch = NodeWatch(
             self.layout, scope, self.info.nproc_per_node, self.log,
@@ -247,76 +248,6 @@ class Sidecar(JobEnd):
             **self.watch.summary(),
         }
 
-    def observe_progress(self, now: float, leading: bool, due: bool) -> None:
-        """The leader follows the step lines, this node's heartbeats every poll and the other
-        nodes' through their statuses; a follower reads its own ranks' heartbeats when its
-        status is due (it carries them to the leader) and takes the job's progress from the
-        leader's status, so that it is up to date the moment it has to lead."""
-        steps = self.tail.poll() if leading else []
-        for path, why in self.tail.refused.items():
-            if path not in self.refusals_said:
-                self.refusals_said.add(path)
-                self.say(f"step lines in {path} do not count: {why} (it could fake progress)")
-        if self.tail.slow_lines and not self.slow_said:
-            self.slow_said = True
-            self.say(
-                f"watchdog.step_regex {self.info.watchdog.step_regex!r} took over "
-                f"{LINE_BUDGET_S * 1000:.0f} ms on a log line (catastrophic backtracking?): such "
-                "lines are skipped; simplify the pattern"
-            )
-        if leading or due:
-            self.beats = read_heartbeats(self.layout, self.info.run_id, self.watch.local_ranks())
-        steps += [s for s in (self.beats.max_step,) if s is not None]
-        pause_until, pause_reason = self.beats.pause_until, self.beats.pause_reason
-        for node, status in self.statuses.items():
-            if node == self.node:
-                continue
-            steps += [s for s in (status.get("local_step"),) if isinstance(s, int)]
-            if float(status.get("pause_until") or 0) > pause_until:
-                pause_until, pause_reason = float(status["pause_until"]), status["pause_reason"]
-            if not leading and node == self.coordinator.leader():
-                self.clock.adopt(status.get("last_step"), status.get("last_progress_at"))
-                total = status.get("total_steps")
-                self.clock.total = total if isinstance(total, int) else self.clock.total
-        progress = [s for s in steps if self.clock.step(s, now)]
-        if pause_until > now:
-            self.clock.hold(now)
-            if pause_until != self.pause_said:
-                self.pause_said = pause_until
-                self.say(
-                    f"pause announced ({pause_reason or 'no reason given'}): "
-                    f"stall detection suspended for up to {pause_until - now:.0f} s"
-                )
-        if self.tail.total is not None:
-            self.clock.total = self.tail.total
-        if not progress:
-            return
-        if self.clock.tearing_down:
-            self.say(
-                f"last step seen: step {self.clock.last_step} of {self.clock.total}; the job's "
-                f"teardown counts as a hang after {self.clock.threshold:.0f} s"
-            )
-        elif self.reported.silence:
-            self.say(f"progress resumed at step {self.clock.last_step}")
-        elif self.clock.first_step_at == now:
-            self.say(f"first step seen: step {self.clock.last_step}")
-        else:
-            self.say("steps progressing")
-        self.reported = progressed(self.reported)
-
-    def learn_step_time(self) -> None:
-        """Take the job's own step timings; say when they lift the threshold."""
-        phases = self.tail.phases
-        if phases.longest_step <= self.clock.learned_step:
-            return
-        before = self.clock.threshold
-        self.clock.learned_step = phases.longest_step
-        if self.clock.threshold > before and self.clock.first_step_at is not None:
-            self.say(
-                f"steps of this job take up to {phases.longest_step:.0f} s ({phases.describe()}, "
-                f"AReaL's timeperf): a silence counts as a stall after {self.clock.threshold:.0f} s"
-            )
-
     def answer_request(self) -> None:
         """Send this node's evidence for a request we have not answered yet."""
         request = self.coordinator.current_request()
@@ -439,6 +370,12 @@ def main(argv: list[str] | None = None) -> int:
         help="take the node and the job's nodes from the Slurm environment",
     )
     parser.add_argument(
+        "--ray",
+        action="store_true",
+        help="placed on a Ray node by the run's driver: the launcher is watched through its "
+        "heartbeat file, this node's processes by their raylet",
+    )
+    parser.add_argument(
         "--standby",
         action="store_true",
         help="started by every task of AReaL's Slurm jobs: one sidecar per node watches (the "
@@ -461,7 +398,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.standby and not wait_for_node_lock(info.layout, node):
         return 0
     sidecar = Sidecar(info, node, nodes, job_id)
-    launcher = os.getppid() if args.node else None  # started by areal-launch itself
+    launcher = os.getppid() if args.node and not args.ray else None  # areal-launch's child
+    orphan = threading.Event()
+    if args.ray:
+        watch_heartbeat(info, sidecar, orphan)
 
     def _stop(signum: int, _frame: object) -> None:
         sidecar.stopping = True
@@ -469,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
         signal.signal(sig, _stop)
     code = sidecar.run()
-    if launcher is not None and os.getppid() != launcher:
+    if orphan.is_set() or (launcher is not None and os.getppid() != launcher):
         sidecar.orphaned()
     return code
 

@@ -1,0 +1,163 @@
+"""Which Ray cluster a launch runs on: an existing one's Jobs API, or one of this machine's own.
+
+The own cluster is a head and ``launch.ray.nodes - 1`` more raylets on 127.0.0.1 (several raylets
+share a host as Ray's own tests do: each its node name, its dashboard agent port). Each is a
+``ray start --block`` child of the launcher: stopping it ends that node's daemons, and the
+launcher's death (``kill -9`` too, through Ray's reaper) ends them all; nothing of another
+cluster on the machine is touched (``ray stop`` would end every Ray process of the machine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from areal_watchdog.common.errors import UserError
+from areal_watchdog.common.parent import die_with_parent
+from areal_watchdog.config.model import RaySection
+
+LOOPBACK = "127.0.0.1"
+START_TIMEOUT_S = 120.0  # one `ray start` on a loaded 2-core machine takes 5-15 s
+OBJECT_STORE_BYTES = 200 * 1024**2  # the job moves no tensors through it: keep /dev/shm free
+HEAD_NAME = "ray-head"
+OUR_PREFIX = "AREAL_WATCHDOG_"
+
+
+@dataclass(frozen=True)
+class OwnCluster:
+    """A cluster of this machine's own for one run; ports chosen when it is planned."""
+
+    nodes: int
+    cpus: int
+    gpus: int
+    gcs_port: int
+    dashboard_port: int
+    agent_ports: tuple[int, ...]  # the dashboard agent's port, one per raylet (52365 clashes)
+    temp_dir: str  # short: Ray's unix sockets live under it (paths past 107 bytes break)
+
+    @classmethod
+    def plan(cls, ray: RaySection, nodes: int, run_id: str) -> OwnCluster:
+        ports = free_ports(2 + nodes)
+        return cls(
+            nodes, ray.cpus_per_node, ray.gpus_per_node, ports[0], ports[1], tuple(ports[2:]),
+            f"/tmp/areal-ray-{run_id}",
+        )  # fmt: skip
+
+    @property
+    def address(self) -> str:
+        """The Jobs API's URL (the dashboard's)."""
+        return f"http://{LOOPBACK}:{self.dashboard_port}"
+
+    def node_names(self) -> list[str]:
+        return [HEAD_NAME, *(f"ray-node{i}" for i in range(1, self.nodes))]
+
+    def commands(self, python: str) -> list[list[str]]:
+        """``ray start`` for the head, then for each other raylet."""
+        ray = [python, "-m", "ray.scripts.scripts", "start", "--disable-usage-stats"]
+        common = ["--node-ip-address", LOOPBACK, "--num-cpus", str(self.cpus)]
+        common += ["--num-gpus", str(self.gpus), "--object-store-memory", str(OBJECT_STORE_BYTES)]
+        names = self.node_names()
+        head = [*ray, "--head", "--port", str(self.gcs_port), "--node-name", names[0], *common]
+        head += ["--temp-dir", self.temp_dir, "--include-dashboard", "true"]
+        head += ["--dashboard-host", LOOPBACK, "--dashboard-port", str(self.dashboard_port)]
+        head += ["--dashboard-agent-listen-port", str(self.agent_ports[0])]
+        others = [
+            [*ray, "--address", f"{LOOPBACK}:{self.gcs_port}", "--node-name", name, *common,
+             "--dashboard-agent-listen-port", str(port)]
+            for name, port in zip(names[1:], self.agent_ports[1:], strict=True)
+        ]  # fmt: skip
+        return [head, *others]
+
+    def start(self, python: str, logs: Path, say: Callable[[str], None]) -> Raylets:
+        """Start every raylet, the head first, and return once the Jobs API answers; a failure
+        is one line, and what started is ended. Each is ``ray start --block`` in a process
+        group of its own, killed if the launcher dies: its reaper then ends the whole group
+        (a graceful stop leaves Ray's dashboard agents behind: ``Raylets.stop`` ends them).
+        Each one's output goes to ``logs/ray_start_<node>.log``."""
+        started = time.monotonic()
+        raylets = Raylets([])
+        for argv in self.commands(python):
+            name = argv[argv.index("--node-name") + 1]
+            log = logs / f"ray_start_{name}.log"
+            with open(log, "ab") as out:
+                proc = subprocess.Popen(
+                    [*argv, "--block"], env=cluster_environment(), stdout=out,
+                    stderr=subprocess.STDOUT, start_new_session=True,
+                    preexec_fn=lambda: die_with_parent(signal.SIGKILL),  # noqa: PLW1509
+                )  # fmt: skip
+            raylets.procs.append(proc)
+            if name == HEAD_NAME and not _answers(self.address, proc):
+                raylets.stop()
+                last = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+                raise UserError(f"ray start of {name} failed ({log}): {last[0]}")
+        say(f"Ray cluster of {self.nodes} node(s) starting ({time.monotonic() - started:.0f} s): "
+            f"{self.address}")  # fmt: skip
+        return raylets
+
+
+@dataclass
+class Raylets:
+    """The own cluster's ``ray start --block`` processes, one a node."""
+
+    procs: list[subprocess.Popen]
+
+    @property
+    def groups(self) -> list[int]:
+        """Their process groups: every daemon of a node is in its raylet's starter's."""
+        return [proc.pid for proc in self.procs]
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM (each ends its node's daemons), then SIGKILL to whatever of a node is left."""
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def cluster_environment() -> dict[str, str]:
+    """The launcher's environment without our marks: the cluster's daemons and the workers
+    they start are no part of a run until the job's runtime_env makes them one (the marks
+    would have the run's cleanup kill Ray's reaper before it reaps)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(OUR_PREFIX)}
+
+
+def _answers(address: str, proc: subprocess.Popen) -> bool:
+    """The head's Jobs API answers before ``START_TIMEOUT_S`` and while ``ray start`` runs."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(f"{address}/api/version", timeout=2) as answer,
+        ):
+            if answer.status == 200:
+                return True
+        time.sleep(0.5)
+    return False
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on loopback now (held open together, then released)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind((LOOPBACK, 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()

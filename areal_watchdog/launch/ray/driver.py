@@ -1,0 +1,95 @@
+"""The Ray job's driver on the head node: sidecars first, then AReaL's own command.
+
+``areal-launch ray`` submits ``python -m areal_watchdog.launch.ray.driver --run-dir R -- CMD``
+through Ray's Jobs API. This process connects to the cluster it runs in (``RAY_ADDRESS``, set
+by Ray), waits for the nodes the run expects, names them in ``launch.json``, places a sidecar on
+each (``sidecars``), then runs CMD (AReaL's Ray launcher, or the training script whose scheduler
+is Ray) with its output in ``logs/ray_driver.log`` as well, and records its end for every node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from areal_watchdog.common.atomic import open_append, write_json_atomic
+from areal_watchdog.launch.ray.sidecars import NAMESPACE, RayNode, live_nodes, place_sidecars
+from areal_watchdog.rundir.launch_info import LaunchInfo
+from areal_watchdog.rundir.layout import RunLayout
+
+NODES_TIMEOUT_S = 120.0
+
+
+def say(layout: RunLayout, message: str) -> None:
+    """A line on the job's log and in the run's driver log (the launcher prints it)."""
+    line = f"[areal-launch ray driver] {message}\n"
+    sys.stdout.write(line)
+    with open_append(layout.ray_driver_log) as log:
+        log.write(line)
+
+
+def wait_for_nodes(ray: object, expected: int) -> list[RayNode]:
+    """The cluster's live nodes, once ``expected`` of them are up (a raylet joining late)."""
+    deadline = time.monotonic() + NODES_TIMEOUT_S
+    while True:
+        nodes = live_nodes(ray.nodes())  # type: ignore[attr-defined]
+        if len(nodes) >= expected or time.monotonic() > deadline:
+            return nodes
+        time.sleep(1.0)
+
+
+def run_job(argv: list[str], log_path: Path) -> int:
+    """CMD to its end, its output on our stdout (Ray's job log) and in the run's log file;
+    SIGTERM (Ray's stop_job) is passed on."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
+    signal.signal(signal.SIGINT, lambda *_: proc.send_signal(signal.SIGINT))
+    with open_append(log_path) as log:
+        for raw in iter(proc.stdout.readline, b""):  # type: ignore[union-attr]
+            line = raw.decode(errors="replace")
+            sys.stdout.write(line)
+            log.write(line)
+            log.flush()
+    return proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m areal_watchdog.launch.ray.driver")
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--nodes", type=int, default=1, help="nodes to wait for")
+    parser.add_argument("--unwatched", action="store_true", help="no sidecars")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    info = LaunchInfo.load(args.run_dir)
+    layout = info.layout
+    import ray
+
+    ray.init(namespace=NAMESPACE, log_to_driver=False)
+    nodes = wait_for_nodes(ray, args.nodes)
+    names = [n.name for n in nodes]
+    say(layout, f"{len(nodes)} Ray node(s): {', '.join(names)}")
+    if not args.unwatched:
+        write_json_atomic(layout.launch_file, replace(info, nodes=names).to_dict())
+        python = sys.executable
+        pids = place_sidecars(ray, nodes, info.run_id, python, str(args.run_dir),
+                              str(layout.logs_dir))  # fmt: skip
+        say(layout, "sidecars: " + ", ".join(f"{n} (pid {pid})" for n, pid in pids.items()))
+    ray.shutdown()  # AReaL's command is a driver of its own
+    returncode = run_job(command, layout.ray_driver_log)
+    record = {"run_id": info.run_id, "returncode": returncode, "time": time.time()}
+    layout.job_exit_dir.mkdir(exist_ok=True)
+    for name in names:
+        write_json_atomic(layout.job_exit(name), record)
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""``areal-launch --watchdog ray``: AReaL's SPMD experiment as a Ray job on a real Ray cluster
+of this machine's own (a head and a second raylet on 127.0.0.1, in a loopback-only network
+namespace), a sidecar on each Ray node placed by Ray, one report across the nodes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from recording import record_evidence
+from test_areal import CONFIG, FAST, LOOPBACK, needs_areal, needs_root, run_areal
+from test_areal_accuracy import make_harness
+from test_launcher_lifecycle import wait_for
+
+from areal_watchdog.cli import main
+from areal_watchdog.launch.ray.sidecars import HEAD_RESOURCE, live_nodes
+from conftest import Launcher, processes_under, read_reports
+
+# Two Ray nodes with one logical GPU each: AReaL's Ray launcher puts the inference server on
+# one (sglang:d1) and the trainer on the other (fsdp:d1); the CPU harness ignores the "GPU".
+TWO_NODES = [
+    "launch.mode=spmd", "cluster.n_nodes=2", "cluster.n_gpus_per_node=1",
+    "actor.scheduling_spec.0.gpu=1",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ray_harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_harness(tmp_path_factory.mktemp("ray-harness") / "h")
+
+
+@pytest.fixture
+def ray_launcher(launcher: Launcher) -> Iterator[Launcher]:
+    """The launcher fixture, and after it every process group of the runs' own Ray clusters
+    killed, passed or failed (Ray's agents carry none of the marks its cleanup looks for)."""
+    yield launcher
+    for record in launcher.root.glob("*/*/watchdog/ray_cluster.json"):
+        for group in json.loads(record.read_text())["groups"]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
+
+
+def the_run_is_gone(run_dir: Path, within: float) -> list[str]:
+    """What of the run is still alive after ``within`` seconds: its processes, and every
+    process of its own Ray cluster's process groups (Ray's agents carry none of our marks)."""
+    groups = set(json.loads((run_dir / "watchdog" / "ray_cluster.json").read_text())["groups"])
+    root = run_dir.parent.parent  # the fileroot every process of the test's run mentions
+    deadline = time.monotonic() + within
+    while True:
+        grouped = [p for p in psutil.process_iter() if _group(p) in groups]
+        left = sorted({_describe(p) for p in [*processes_under(root), *grouped] if _alive(p)})
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(1.0)
+
+
+def _group(proc: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(proc.pid)
+    except OSError:
+        return None
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _describe(proc: psutil.Process) -> str:
+    try:
+        return f"{proc.pid} {' '.join(proc.cmdline()[:2])}"
+    except psutil.Error:
+        return str(proc.pid)
+
+
+def test_the_dry_run_shows_the_cluster_the_driver_and_a_sidecar_per_node(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code = main(["--watchdog", "ray", str(CONFIG), f"cluster.fileroot={tmp_path}", *TWO_NODES,
+                 "--dry-run"])  # fmt: skip
+    shown = capsys.readouterr().out
+    assert code == 0
+    assert "process `ray start (ray-head)` (cluster)" in shown
+    assert "--head" in shown and "--node-ip-address 127.0.0.1" in shown
+    assert "--dashboard-host 127.0.0.1" in shown and "process `ray start (ray-node1)`" in shown
+    assert "-m areal_watchdog.launch.ray.driver" in shown and "--nodes 2" in shown
+    assert "-m areal.infra.launcher.ray" in shown and "AREAL_WATCHDOG_RUN_ID=" in shown
+    assert "one sidecar per Ray node: a detached actor pinned to the node" in shown
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (["launch.mode=torchrun"], "`launch.mode`: the ray backend runs AReaL experiments"),
+        (["+launch.ray.address=127.0.0.1:6379"], "must be the Jobs API's URL"),
+        (["+launch.ray.colour=red"], "launch.ray"),
+    ],
+)
+def test_what_the_ray_backend_cannot_run_is_refused_in_one_line(
+    overrides: list[str], said: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code = main(["ray", str(CONFIG), f"cluster.fileroot={tmp_path}", *overrides, "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2 and said in err and "Traceback" not in err
+
+
+@needs_areal
+@needs_root
+@pytest.mark.slow
+def test_a_wedged_server_on_one_ray_node_is_named_and_the_ray_job_stopped(
+    ray_launcher: Launcher, ray_harness: Path
+) -> None:
+    """The inference server (on one Ray node) stops answering after its 6th request: the
+    trainer (on the other) waits for rollouts. One report names the server and its node; the
+    Ray job is stopped through the Jobs API, and nothing of the run or its cluster is left."""
+    result = run_areal(
+        ray_launcher, ray_harness, "ray", python=sys.executable, backend="ray",
+        overrides=[*TWO_NODES, "+launch.env.AREAL_STANDIN_WEDGE_AFTER=6"],
+    )  # fmt: skip
+    assert result.returncode == 3, result.output[-4000:]
+    assert "2 Ray node(s): ray-head, ray-node1" in result.output
+    assert "stopping the Ray job" in result.output
+    (report,) = result.reports
+    assert (report["category"], report["cause"]) == ("rollout_stalled", "inference_wedged")
+    (culprit,) = report["culprit_workers"]
+    assert culprit["role"] == "inference_server"
+    rank0 = report["ranks"][0]
+    assert {culprit["node"], rank0["node"]} == {"ray-head", "ray-node1"}, report["ranks"]
+    record_evidence(report, "inference_wedged--areal-spmd-ray", "rollout")
+    assert the_run_is_gone(result.run_dir, within=20) == []
+
+
+@needs_areal
+@needs_root
+@pytest.mark.slow
+def test_a_killed_raylet_is_a_lost_node_and_a_killed_launcher_leaves_nothing_behind(
+    ray_launcher: Launcher, ray_harness: Path
+) -> None:
+    """The raylet of the trainer's node is killed after the first step: that node's sidecar
+    dies with it, and the head's reports the node lost, naming it and rank 0 there. Then
+    areal-launch itself is killed (kill -9): nothing of the run, its cluster included, stays."""
+    (ray_launcher.root / "harness").symlink_to(ray_harness)
+    proc, run_dir = ray_launcher.start(
+        [*FAST, *TWO_NODES, "watchdog.on_hang=report", "total_train_steps=100"],
+        trial="lost", config=CONFIG, backend="ray", prefix=LOOPBACK,
+    )  # fmt: skip
+    seen = wait_for(proc, "first step seen", timeout=240)
+    raylet = next(
+        p for p in psutil.process_iter(["name", "cmdline"])
+        if p.info["name"] == "raylet" and "--node-name=ray-node1" in p.info["cmdline"]
+    )  # fmt: skip
+    raylet.kill()
+    seen += wait_for(proc, "report written", timeout=120)
+    report, *_ = read_reports(run_dir)  # the first; with on_hang=report the watching goes on
+    assert report["category"] == "node_lost", (report["summary"], seen[-3000:])
+    assert report["unanswered_nodes"] == ["ray-node1"] and report["culprit_ranks"] == [0]
+    assert "Node ray-node1 (rank 0) vanished" in report["summary"]
+    record_evidence(report, "node_lost_w1_r0--areal-spmd-ray-raylet-killed")
+    proc.kill()
+    proc.wait()
+    assert the_run_is_gone(run_dir, within=30) == []
+
+
+def test_ray_nodes_are_named_by_ray_the_head_first_and_unique() -> None:
+    nodes = [
+        {"NodeID": "bbbbbb01", "Alive": True, "NodeName": "10.0.0.2", "Resources": {}},
+        {"NodeID": "cccccc02", "Alive": False, "NodeName": "10.0.0.3", "Resources": {}},
+        {"NodeID": "dddddd03", "Alive": True, "NodeName": "10.0.0.2", "Resources": {}},
+        {"NodeID": "aaaaaa04", "Alive": True, "NodeName": "10.0.0.1",
+         "Resources": {HEAD_RESOURCE: 1.0}},
+    ]  # fmt: skip
+    named = live_nodes(nodes)
+    assert [n.name for n in named] == ["10.0.0.1", "10.0.0.2-bbbbbb", "10.0.0.2-dddddd"]
+    assert named[0].node_id == "aaaaaa04"
