@@ -102,6 +102,7 @@ def test_the_dry_run_shows_the_cluster_the_driver_and_a_sidecar_per_node(
     ("overrides", "said"),
     [
         (["launch.mode=torchrun"], "`launch.mode`: the ray backend runs AReaL experiments"),
+        (["launch.mode=single_controller"], "needs ray.init() in the training script"),
         (["+launch.ray.address=127.0.0.1:6379"], "must be the Jobs API's URL"),
         (["+launch.ray.colour=red"], "launch.ray"),
     ],
@@ -182,3 +183,17 @@ def test_ray_nodes_are_named_by_ray_the_head_first_and_unique() -> None:
     named = live_nodes(nodes)
     assert [n.name for n in named] == ["10.0.0.1", "10.0.0.2-bbbbbb", "10.0.0.2-dddddd"]
     assert named[0].node_id == "aaaaaa04"
+
+
+def test_on_an_existing_cluster_nothing_is_started_and_its_jobs_api_is_used(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")
+    assert main(["--watchdog", "ray", str(CONFIG), f"cluster.fileroot={tmp_path}", *TWO_NODES,
+                 "--dry-run"]) == 0  # fmt: skip
+    shown = capsys.readouterr().out
+    assert "ray start" not in shown and "--nodes 1" in shown  # the driver names what it finds
+    assert "submitted to the Ray cluster at http://127.0.0.1:8265 as Ray job" in shown
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    assert main(["ray", str(CONFIG), f"cluster.fileroot={tmp_path}", *TWO_NODES, "--dry-run"]) == 2
+    assert "RAY_ADDRESS must be the Jobs API's URL" in capsys.readouterr().err

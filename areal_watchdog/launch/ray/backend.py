@@ -2,10 +2,10 @@
 
 ``plan`` builds the LaunchPlan: the cluster (an existing one's Jobs API, or ``ray start`` for a
 cluster of this machine's own), the driver the Jobs API runs on the head (``driver``: sidecars
-first, then AReaL's command: its Ray launcher for SPMD, the training script with
-``scheduler.type: ray`` for the single controller) and the environment every Ray worker of the
+first, then AReaL's Ray launcher, SPMD) and the environment every Ray worker of the
 job gets (the job's ``runtime_env``: Ray merges it into each task's and actor's own).
-``execute`` runs that plan (``run``).
+``execute`` runs that plan (``run``). AReaL's single controller on Ray is refused in one line
+(docs/ray.md says why).
 """
 
 from __future__ import annotations
@@ -29,6 +29,14 @@ from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
 
 DRIVER_MODULE = "areal_watchdog.launch.ray.driver"
+REFUSED_MODES = {
+    "torchrun": "the ray backend runs AReaL experiments: set spmd (AReaL's Ray launcher)",
+    "single_controller": (
+        "is single_controller, which on Ray needs ray.init() in the training script before "
+        "AReaL's RayScheduler (1.0.4 and 2.0.0) places its workers, and AReaL's scripts do not "
+        "call it: set spmd (AReaL's Ray launcher) for the ray backend"
+    ),
+}
 SPMD_LAUNCHER = "areal.infra.launcher.ray"  # AReaL's Ray launcher (SPMD)
 
 
@@ -50,9 +58,8 @@ class RayBackend:
     def plan(self, config: JobConfig, watchdog: bool, run_id: str | None = None) -> LaunchPlan:
         """Plan a Ray launch; raises ConfigError before anything starts."""
         mode = launch_mode(config)
-        if mode == "torchrun":
-            message = "the ray backend runs AReaL experiments: set spmd or single_controller"
-            raise ConfigError(config.source, "launch.mode", message)
+        if mode != "spmd":
+            raise ConfigError(config.source, "launch.mode", REFUSED_MODES[mode])
         run_id = run_id or uuid.uuid4().hex[:12]
         layout = RunLayout(config.run_dir.resolve())
         python = config.launch.python
@@ -64,26 +71,7 @@ class RayBackend:
         info = LaunchInfo.for_config(
             config, run_id, self.name, layout.run_dir, job.world_size, nodes, mode, job.rank_role
         )
-        command = script_command(config, layout)
-        if mode == "spmd":
-            command = [python, "-m", SPMD_LAUNCHER, *command[1:]]
-        driver = [python, "-m", DRIVER_MODULE, "--run-dir", str(layout.run_dir)]
-        driver += ["--nodes", str(len(nodes) or 1), *([] if watchdog else ["--unwatched"])]
-        entry = resolve_entrypoint(config)
-        cwd = str(Path(entry).parent) if entry.endswith(".py") else None
-        processes = [
-            *(ProcessSpec(f"ray start ({name})", argv, kind="cluster")
-              for name, argv in zip(cluster.node_names(), cluster.commands(python), strict=True)
-              if cluster),
-            ProcessSpec("job", [*driver, "--", *command], env, cwd=cwd),
-        ]  # fmt: skip
-        if watchdog:
-            node = "<each Ray node>"
-            processes.append(
-                ProcessSpec(
-                    "watchdog", sidecar_command(python, str(layout.run_dir), node), kind="watchdog"
-                )
-            )
+        processes = _processes(config, layout, env, cluster, len(nodes) or 1, watchdog)
         submission = RaySubmission(address, cluster, f"areal-watchdog-{run_id}", python)
         return LaunchPlan(
             backend=self.name, run_id=run_id, run_dir=str(layout.run_dir),
@@ -98,6 +86,28 @@ class RayBackend:
         from areal_watchdog.launch.ray.run import RayRun
 
         return RayRun(plan, out).run()
+
+
+def _processes(
+    config: JobConfig, layout: RunLayout, env: dict[str, str], cluster: OwnCluster | None,
+    nodes: int, watchdog: bool,
+) -> list[ProcessSpec]:  # fmt: skip
+    """The own cluster's raylets, the driver (AReaL's Ray launcher after it), the sidecars."""
+    python = config.launch.python
+    processes = [
+        ProcessSpec(f"ray start ({name})", argv, kind="cluster")
+        for name, argv in zip(cluster.node_names(), cluster.commands(python), strict=True)
+    ] if cluster else []  # fmt: skip
+    areal = [python, "-m", SPMD_LAUNCHER, *script_command(config, layout)[1:]]
+    driver = [python, "-m", DRIVER_MODULE, "--run-dir", str(layout.run_dir), "--nodes", str(nodes)]
+    driver += [] if watchdog else ["--unwatched"]
+    entry = resolve_entrypoint(config)
+    cwd = str(Path(entry).parent) if entry.endswith(".py") else None
+    processes.append(ProcessSpec("job", [*driver, "--", *areal], env, cwd=cwd))
+    if watchdog:
+        sidecar = sidecar_command(python, str(layout.run_dir), "<each Ray node>")
+        processes.append(ProcessSpec("watchdog", sidecar, kind="watchdog"))
+    return processes
 
 
 def _cluster(config: JobConfig, run_id: str) -> tuple[OwnCluster | None, str, list[str]]:
