@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -16,11 +18,13 @@ from pathlib import Path
 import psutil
 import pytest
 from recording import record_evidence
-from test_areal import CONFIG, FAST, LOOPBACK, needs_areal, needs_root, run_areal
+from test_areal import CONFIG, FAST, LOOPBACK, LOOPBACK_SCRIPT, needs_areal, needs_root, run_areal
 from test_areal_accuracy import make_harness
 from test_launcher_lifecycle import wait_for
 
 from areal_watchdog.cli import main
+from areal_watchdog.config.model import RaySection
+from areal_watchdog.launch.ray.cluster import OwnCluster
 from areal_watchdog.launch.ray.sidecars import HEAD_RESOURCE, live_nodes
 from conftest import Launcher, processes_under, read_reports
 
@@ -48,10 +52,91 @@ def ray_launcher(launcher: Launcher) -> Iterator[Launcher]:
                 os.killpg(group, signal.SIGKILL)
 
 
+@pytest.fixture
+def existing_ray(tmp_path: Path) -> Iterator[tuple[list[str], OwnCluster]]:
+    """A two-node Ray cluster that was there before the run, as a team's is, in a loopback-only
+    network namespace of its own: (the prefix that enters it, the cluster). Ended, namespace
+    included, whatever the test did: every process of its session and of its raylets."""
+    name = f"ray-lo-{os.getpid()}"
+    enter = ["nsenter", f"--net=/var/run/netns/{name}"]
+    cluster = OwnCluster.plan(RaySection(gpus_per_node=1), 2, f"x{os.getpid()}")
+    subprocess.run(["bash", str(LOOPBACK_SCRIPT), "--create", name], check=True)
+    head, worker = (shlex.join([*unnamed(a), "--block"]) for a in cluster.commands(sys.executable))
+    gcs_up = shlex.join([sys.executable, "-c", "import socket; socket.create_connection("
+                         f"('127.0.0.1', {cluster.gcs_port}), 1)"])  # fmt: skip
+    starts = (
+        f"{head} & for i in $(seq 90); do {gcs_up} 2>/dev/null && break; sleep 1; done; {worker}"
+    )
+    session = subprocess.Popen(
+        [*enter, "bash", "-c", f"{starts} & wait"], start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=(tmp_path / "ray-start.log").open("w"),
+    )  # fmt: skip
+    try:
+        assert "2" in in_cluster(enter, cluster, "print(alive(ray))", timeout=90)
+        yield enter, cluster
+    finally:
+        raylets = {str(p.pid) for p in _session(session.pid) if p.name() == "raylet"}
+        for proc in [*_session(session.pid), *_started_by(raylets)]:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        session.wait()
+        subprocess.run(["bash", str(LOOPBACK_SCRIPT), "--delete", name], capture_output=True)
+
+
+def unnamed(argv: list[str]) -> list[str]:
+    """``ray start`` without ``--node-name``: Ray names both nodes by their one IP."""
+    at = argv.index("--node-name")
+    return argv[:at] + argv[at + 2 :]
+
+
+CLUSTER_PROBE = """
+import sys, time, ray
+def alive(ray):
+    return sum(n["Alive"] for n in ray.nodes())
+deadline = time.monotonic() + float(sys.argv[2])
+while True:
+    try:
+        ray.init(address=sys.argv[1], log_to_driver=False)
+        if alive(ray) >= 2 or time.monotonic() > deadline:
+            break
+        ray.shutdown()
+    except Exception:
+        if time.monotonic() > deadline:
+            raise
+    time.sleep(1)
+"""
+
+
+def in_cluster(enter: list[str], cluster: OwnCluster, code: str, timeout: float = 10) -> str:
+    """What ``code`` prints, run as a driver of the cluster (``ray`` connected, 2 nodes up)."""
+    gcs = f"127.0.0.1:{cluster.gcs_port}"
+    probe = [*enter, sys.executable, "-c", CLUSTER_PROBE + code, gcs, str(timeout)]
+    return subprocess.run(probe, capture_output=True, text=True, timeout=timeout + 60).stdout
+
+
+def _session(sid: int) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getsid(proc.pid) == sid:
+                found.append(proc)
+    return found
+
+
+def _started_by(raylets: set[str]) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.environ().get("RAY_RAYLET_PID") in raylets:
+                found.append(proc)
+    return found
+
+
 def the_run_is_gone(run_dir: Path, within: float) -> list[str]:
     """What of the run is still alive after ``within`` seconds: its processes, and every
     process of its own Ray cluster's process groups (Ray's agents carry none of our marks)."""
-    groups = set(json.loads((run_dir / "watchdog" / "ray_cluster.json").read_text())["groups"])
+    record = run_dir / "watchdog" / "ray_cluster.json"  # the own cluster's, if the run had one
+    groups = set(json.loads(record.read_text())["groups"]) if record.exists() else set()
     root = run_dir.parent.parent  # the fileroot every process of the test's run mentions
     deadline = time.monotonic() + within
     while True:
@@ -118,27 +203,33 @@ def test_what_the_ray_backend_cannot_run_is_refused_in_one_line(
 @needs_areal
 @needs_root
 @pytest.mark.slow
-def test_a_wedged_server_on_one_ray_node_is_named_and_the_ray_job_stopped(
-    ray_launcher: Launcher, ray_harness: Path
+def test_a_wedged_server_on_an_existing_clusters_node_is_named_and_only_the_job_stopped(
+    ray_launcher: Launcher, ray_harness: Path, existing_ray: tuple[list[str], OwnCluster]
 ) -> None:
-    """The inference server (on one Ray node) stops answering after its 6th request: the
-    trainer (on the other) waits for rollouts. One report names the server and its node; the
-    Ray job is stopped through the Jobs API, and nothing of the run or its cluster is left."""
+    """On a cluster that was there before (RAY_ADDRESS: its Jobs API), the inference server on
+    one Ray node stops answering after its 6th request while the trainer on the other waits for
+    rollouts. One report names the server and its node; the Ray job is stopped through the Jobs
+    API; nothing of the run is left, and the cluster is as it was: both nodes up, no sidecar."""
+    enter, cluster = existing_ray
     result = run_areal(
-        ray_launcher, ray_harness, "ray", python=sys.executable, backend="ray",
+        ray_launcher, ray_harness, "ray", python=sys.executable, backend="ray", prefix=enter,
+        env={"RAY_ADDRESS": cluster.address},
         overrides=[*TWO_NODES, "+launch.env.AREAL_STANDIN_WEDGE_AFTER=6"],
     )  # fmt: skip
     assert result.returncode == 3, result.output[-4000:]
-    assert "2 Ray node(s): ray-head, ray-node1" in result.output
-    assert "stopping the Ray job" in result.output
+    assert "ray start" not in result.output and "stopping the Ray job" in result.output
+    nodes = result.output.split("2 Ray node(s): ", 1)[1].split("\n", 1)[0].split(", ")
+    assert len(nodes) == 2 and all(n.startswith("127.0.0.1-") for n in nodes), nodes
     (report,) = result.reports
     assert (report["category"], report["cause"]) == ("rollout_stalled", "inference_wedged")
     (culprit,) = report["culprit_workers"]
     assert culprit["role"] == "inference_server"
     rank0 = report["ranks"][0]
-    assert {culprit["node"], rank0["node"]} == {"ray-head", "ray-node1"}, report["ranks"]
+    assert {culprit["node"], rank0["node"]} == set(nodes), report["ranks"]
     record_evidence(report, "inference_wedged--areal-spmd-ray", "rollout")
     assert the_run_is_gone(result.run_dir, within=20) == []
+    left = in_cluster(enter, cluster, "print(alive(ray), ray.util.list_named_actors(True))")
+    assert left.split(" ", 1)[0] == "2" and "sidecar-" not in left, left
 
 
 @needs_areal

@@ -308,11 +308,11 @@ class Incidents:
             workers += [Evidence.rank_from_dict(w) for w in answer.get("workers", [])]
             traces.update(answer.get("flight_records") or {})
             servers += answer.get("servers") or []
-        ranks += self.missing_ranks(ranks, statuses)
         silent = set(peers) - set(answers)
         if silent:  # a node that did not answer and has fallen silent meanwhile is lost
             self.coordinator.read_all()
             lost = [*lost, *sorted(n for n in silent if not self.coordinator.alive(n))]
+        ranks += self.missing_ranks(ranks, statuses, lost)
         evidence = Evidence(
             world_size=self.info.world_size,
             ranks=sorted(ranks, key=lambda r: r.rank),
@@ -325,16 +325,22 @@ class Incidents:
         )
         return evidence, mine.flight_recorder_s
 
-    def missing_ranks(self, seen: list[RankEvidence], statuses: dict) -> list[RankEvidence]:
-        """Ranks of the world size that no node gave evidence for."""
+    def missing_ranks(
+        self, seen: list[RankEvidence], statuses: dict, lost: list[str]
+    ) -> list[RankEvidence]:
+        """Ranks of the world size that no node gave evidence for, each on the node whose
+        status last listed it; a rank no status listed, when one node was lost, was there (every
+        node that answered said what it has: a node lost before its first status, as a Ray node
+        whose raylet was killed soon after the start, named none)."""
         known_nodes = {
             int(r): node
             for node, status in statuses.items()
             for r in [*status.get("ranks_alive", {}), *status.get("ranks_gone", [])]
         }
+        unknown = lost[0] if len(lost) == 1 else ""
         have = {r.rank for r in seen}
         return [
-            RankEvidence(rank=r, node=known_nodes.get(r, ""), state=MISSING)
+            RankEvidence(rank=r, node=known_nodes.get(r, unknown), state=MISSING)
             for r in range(self.info.world_size)
             if r not in have
         ]
