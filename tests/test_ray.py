@@ -263,6 +263,25 @@ def test_a_killed_raylet_is_a_lost_node_and_a_killed_launcher_leaves_nothing_beh
     assert the_run_is_gone(run_dir, within=30) == []
 
 
+@needs_areal
+@needs_root
+@pytest.mark.slow
+def test_a_healthy_run_on_ray_completes_without_a_report(
+    ray_launcher: Launcher, ray_harness: Path
+) -> None:
+    """Two steps on a cluster of its own: exit 0 (AReaL's launcher ends a completed run with
+    JobException(COMPLETED), which is no failure), no incident, the cluster gone."""
+    result = run_areal(
+        ray_launcher, ray_harness, "healthy", python=sys.executable, backend="ray",
+        overrides=[*TWO_NODES, "total_train_steps=2"],
+    )  # fmt: skip
+    assert result.returncode == 0, result.output[-4000:]
+    assert result.reports == []
+    assert "last step seen: step 2 of 2" in result.output
+    assert "job completed (last step 2); 0 incident(s)" in result.output
+    assert the_run_is_gone(result.run_dir, within=20) == []
+
+
 def test_ray_nodes_are_named_by_ray_the_head_first_and_unique() -> None:
     nodes = [
         {"NodeID": "bbbbbb01", "Alive": True, "NodeName": "10.0.0.2", "Resources": {}},
@@ -288,3 +307,14 @@ def test_on_an_existing_cluster_nothing_is_started_and_its_jobs_api_is_used(
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
     assert main(["ray", str(CONFIG), f"cluster.fileroot={tmp_path}", *TWO_NODES, "--dry-run"]) == 2
     assert "RAY_ADDRESS must be the Jobs API's URL" in capsys.readouterr().err
+
+
+def test_areal_s_completed_exception_is_a_completed_run() -> None:
+    """AReaL's Ray launcher raises JobException(COMPLETED) when its trainer returns."""
+    from areal_watchdog.launch.ray.driver import AREAL_COMPLETED, areal_exit
+
+    last = "launcher.JobException: Job gsm8k-grpo_r1:trainer JobState.COMPLETED at node ray"
+    failed = "launcher.JobException: Job gsm8k-grpo_r1:trainer JobState.FAILED at node ray"
+    assert AREAL_COMPLETED.search(last) and not AREAL_COMPLETED.search(failed)
+    assert areal_exit(1, completed=True) == 0
+    assert areal_exit(1, completed=False) == 1 and areal_exit(-15, completed=True) == -15

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,6 +25,9 @@ from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
 
 NODES_TIMEOUT_S = 120.0
+# AReaL's Ray launcher ends a run whose trainer finished by raising JobException(COMPLETED)
+# (its wait() treats COMPLETED like FAILED): the traceback's last line says so.
+AREAL_COMPLETED = re.compile(r"JobException: Job \S+:trainer JobState\.COMPLETED\b")
 
 
 def say(layout: RunLayout, message: str) -> None:
@@ -46,17 +50,24 @@ def wait_for_nodes(ray: object, expected: int) -> list[RayNode]:
 
 def run_job(argv: list[str], log_path: Path) -> int:
     """CMD to its end, its output on our stdout (Ray's job log) and in the run's log file;
-    SIGTERM (Ray's stop_job) is passed on."""
+    SIGTERM (Ray's stop_job) is passed on. A run AReaL's launcher ends as completed is 0."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
     signal.signal(signal.SIGINT, lambda *_: proc.send_signal(signal.SIGINT))
+    completed = False
     with open_append(log_path) as log:
         for raw in iter(proc.stdout.readline, b""):  # type: ignore[union-attr]
             line = raw.decode(errors="replace")
+            completed = completed or bool(AREAL_COMPLETED.search(line))
             sys.stdout.write(line)
             log.write(line)
             log.flush()
-    return proc.wait()
+    return areal_exit(proc.wait(), completed)
+
+
+def areal_exit(returncode: int, completed: bool) -> int:
+    """The job's exit code: AReaL's JobException(COMPLETED) with exit 1 is a completed run."""
+    return 0 if completed and returncode == 1 else returncode
 
 
 def main(argv: list[str] | None = None) -> int:
