@@ -9,7 +9,7 @@ import pytest
 import regex
 
 from areal_watchdog.config.model import DEFAULT_STEP_REGEX
-from areal_watchdog.watch.progress import StallClock, StepLogTail, find_step
+from areal_watchdog.watch.progress import StallClock, StepLogTail, find_progress
 
 AREAL_LINE = (
     "\x1b[32m(AReaL) 20260829-00:00:00.000 StatsLogger INFO:\x1b[0m Epoch 2/2 "
@@ -35,7 +35,7 @@ AREAL_LINE = (
     ],
 )
 def test_default_step_regex(line: str, step: int | None) -> None:
-    assert find_step(line, regex.compile(DEFAULT_STEP_REGEX)) == step
+    assert find_progress(line, regex.compile(DEFAULT_STEP_REGEX))[0] == step
 
 
 def test_log_tail_reads_only_new_lines_and_survives_partial_lines_and_rotation(

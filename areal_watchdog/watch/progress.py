@@ -32,14 +32,9 @@ PHASE_TIME = re.compile(
 LEARNED_FACTOR = 1.5  # a silence shorter than this many of the longest step seen is no stall
 
 
-def find_step(line: str, pattern: regex.Pattern[str]) -> int | None:
-    """The step number on a log line (ANSI colours stripped; the last match wins)."""
-    return find_progress(line, pattern)[0]
-
-
 def find_progress(line: str, pattern: regex.Pattern[str]) -> tuple[int | None, int | None]:
-    """The step number on a log line and, when the line says it (``Train step 3/233``), the
-    job's total (None when absent).
+    """The step number on a log line (ANSI colours stripped; the last match wins) and, when the
+    line says it (``Train step 3/233``), the job's total (None when absent).
 
     The match runs in the ``regex`` engine with a time budget per line: a pattern that
     backtracks catastrophically raises TimeoutError instead of pinning the sidecar's CPU."""
