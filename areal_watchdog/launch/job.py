@@ -113,6 +113,7 @@ def stale_state(layout: RunLayout) -> list[Path]:
         layout.finished_file,
         layout.cancel_file,
         layout.launcher_file,
+        layout.ray_cluster_file,
         layout.interrupted_file,
         layout.recovery_file,
         layout.tasks_dir,

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from areal_watchdog.common.atomic import open_append
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.parent import die_with_parent
 from areal_watchdog.config.model import RaySection
@@ -87,7 +88,7 @@ class OwnCluster:
         for argv in self.commands(python):
             name = argv[argv.index("--node-name") + 1]
             log = logs / f"ray_start_{name}.log"
-            with open(log, "ab") as out:
+            with open_append(log) as out:  # never a planted symlink
                 proc = subprocess.Popen(
                     [*argv, "--block"], env=cluster_environment(), stdout=out,
                     stderr=subprocess.STDOUT, start_new_session=True,

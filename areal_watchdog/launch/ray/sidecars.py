@@ -14,8 +14,10 @@ import signal
 import subprocess
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from areal_watchdog.common.atomic import open_append
 from areal_watchdog.common.parent import die_with_parent
 from areal_watchdog.common.roles import SIDECAR_MODULE
 from areal_watchdog.rundir.layout import ENV_RAYLET, ENV_RUN_ID
@@ -60,7 +62,7 @@ class SidecarHost:
         env = {**os.environ, ENV_RAYLET: os.environ.get("RAY_RAYLET_PID", "")}
 
         def run() -> None:
-            with open(out, "ab") as log:
+            with open_append(Path(out)) as log:  # never a planted symlink
                 proc = subprocess.Popen(
                     argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                     preexec_fn=lambda: die_with_parent(signal.SIGKILL),  # noqa: PLW1509
