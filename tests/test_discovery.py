@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,7 +11,14 @@ import time
 from pathlib import Path
 
 from areal_watchdog.evidence.discovery import JobProcess, Scope, discover, helpers
-from areal_watchdog.rundir.layout import ENV_NODE, ENV_RUN_ID, RunLayout
+from areal_watchdog.rank.sitehook import DIRECTORY as SITEHOOK
+from areal_watchdog.rundir.layout import (
+    ENV_NODE,
+    ENV_RANK_ROLE,
+    ENV_RUN_ID,
+    ENV_WATCH_DIR,
+    RunLayout,
+)
 
 # A rollout worker that starts a helper (a reward pool process) and, as a Slurm task's shell
 # does before it execs the worker, our standby sidecar.
@@ -102,3 +110,52 @@ def test_a_sidecar_reads_its_own_nodes_registrations_never_the_jobs(tmp_path: Pa
     mine = {p for p in opened if "/by_node/b/" in p}
     assert opened and set(opened) == mine, opened
     assert len(mine) == 4
+
+
+# A Ray worker as Ray starts one (``default_worker.py``), which becomes AReaL's ``actor/1``
+# actor a moment later: the name Ray's runtime context gives once the actor exists.
+RAY_STANDIN = (
+    "import time\n"
+    "class _Context:\n"
+    "    def get_actor_name(self):\n"
+    "        return 'actor/1' if time.monotonic() > BORN + 0.5 else None\n"
+    "BORN = time.monotonic()\n"
+    "def get_runtime_context():\n"
+    "    return _Context()\n"
+)
+
+
+def test_a_ray_worker_is_found_once_ray_names_the_areal_worker_it_holds(tmp_path: Path) -> None:
+    """AReaL's RayScheduler runs each worker as an actor in a process Ray started before it
+    knew which: our hook in it records the role once the actor is named, and the sidecar of its
+    raylet's node finds it as the rank it holds; another raylet's worker is not this node's,
+    and a role record older than the process that has its pid is not believed."""
+    run = tmp_path / "run"
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "__init__.py").write_text(RAY_STANDIN)
+    worker = tmp_path / "default_worker.py"
+    worker.write_text("import ray, time\ntime.sleep(60)\n")
+    env = {
+        **os.environ, ENV_RUN_ID: "r1", ENV_WATCH_DIR: str(run / "watchdog"),
+        ENV_RANK_ROLE: "actor", "PYTHONPATH": os.pathsep.join([SITEHOOK, str(tmp_path)]),
+    }  # fmt: skip
+    here, there = (
+        subprocess.Popen([sys.executable, str(worker)], env={**env, "RAY_RAYLET_PID": raylet})
+        for raylet in ("4242", "4343")
+    )
+    layout = RunLayout(run)
+    try:
+        deadline = time.monotonic() + 20
+        while not layout.process_role_record(here.pid).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.3)
+        found = discover(layout, Scope("r1", "ray-head", 2, "actor", raylet="4242"))
+        assert [(r, p.pid, p.label()) for r, p in found.ranks.items()] == [(1, here.pid, "actor 1")]
+        assert found.ranks[1].cooperative_signal is not None  # armed like any other part
+        record = layout.process_role_record(here.pid)
+        record.write_text(json.dumps({**json.loads(record.read_text()), "time": 1.0}))  # 1970
+        assert discover(layout, Scope("r1", "ray-head", 2, "actor", raylet="4242")).ranks == {}
+    finally:
+        for proc in (here, there):
+            proc.kill()
+            proc.wait()

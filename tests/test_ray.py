@@ -18,7 +18,16 @@ from pathlib import Path
 import psutil
 import pytest
 from recording import record_evidence
-from test_areal import CONFIG, FAST, LOOPBACK, LOOPBACK_SCRIPT, needs_areal, needs_root, run_areal
+from test_areal import (
+    CONFIG,
+    FAST,
+    LOOPBACK,
+    LOOPBACK_SCRIPT,
+    TWO_RANKS,
+    needs_areal,
+    needs_root,
+    run_areal,
+)
 from test_areal_accuracy import make_harness
 from test_launcher_lifecycle import wait_for
 
@@ -26,7 +35,7 @@ from areal_watchdog.cli import main
 from areal_watchdog.config.model import RaySection
 from areal_watchdog.launch.ray.cluster import OwnCluster
 from areal_watchdog.launch.ray.sidecars import HEAD_RESOURCE, live_nodes
-from conftest import Launcher, processes_under, read_reports
+from conftest import AREAL2_PYTHON, Launcher, processes_under, read_reports
 
 # Two Ray nodes with one logical GPU each: AReaL's Ray launcher puts the inference server on
 # one (sglang:d1) and the trainer on the other (fsdp:d1); the CPU harness ignores the "GPU".
@@ -190,11 +199,24 @@ def test_the_dry_run_shows_the_cluster_the_driver_and_a_sidecar_per_node(
     assert "one sidecar per Ray node: a detached actor pinned to the node" in shown
 
 
+def test_the_single_controller_s_dry_run_shows_the_script_connected_to_ray_first(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code = main(["--watchdog", "ray", str(CONFIG), f"cluster.fileroot={tmp_path}",
+                 "launch.mode=single_controller", "--dry-run"])  # fmt: skip
+    shown = capsys.readouterr().out
+    assert code == 0
+    assert "-m areal_watchdog.rank.ray_controller" in shown and "gsm8k_rl.py" in shown
+    assert "-m areal.infra.launcher.ray" not in shown
+    assert "AREAL_WATCHDOG_RANK_ROLE=actor" in shown
+    job_config = next((tmp_path / "gsm8k-grpo").glob("*/watchdog/job_config.yaml"), None)
+    assert job_config is None  # a dry run writes nothing
+
+
 @pytest.mark.parametrize(
     ("overrides", "said"),
     [
         (["launch.mode=torchrun"], "`launch.mode`: the ray backend runs AReaL experiments"),
-        (["launch.mode=single_controller"], "needs ray.init() in the training script"),
         (["+launch.ray.address=127.0.0.1:6379"], "must be the Jobs API's URL"),
         (["+launch.ray.colour=red"], "launch.ray"),
     ],
@@ -281,19 +303,21 @@ def test_a_killed_raylet_is_a_lost_node_and_a_killed_launcher_leaves_nothing_beh
 @needs_areal
 @needs_root
 @pytest.mark.slow
+@pytest.mark.parametrize("areal", ["2.0.0"], indirect=True)  # 1.0.4: the two tests above
 def test_a_healthy_run_on_ray_completes_without_a_report(
-    ray_launcher: Launcher, ray_harness: Path
+    ray_launcher: Launcher, ray_harness: Path, areal: str
 ) -> None:
     """Two steps on a cluster of its own: exit 0 (AReaL's launcher ends a completed run with
     JobException(COMPLETED), which is no failure), no incident, the cluster gone."""
     result = run_areal(
-        ray_launcher, ray_harness, "healthy", python=sys.executable, backend="ray",
+        ray_launcher, ray_harness, "healthy", python=areal, backend="ray",
         overrides=[*TWO_NODES, "total_train_steps=2"],
     )  # fmt: skip
     assert result.returncode == 0, result.output[-4000:]
     assert result.reports == []
     assert "last step seen: step 2 of 2" in result.output
     assert "job completed (last step 2); 0 incident(s)" in result.output
+    assert "trajectory: 2 step(s) dumped" in result.output  # by rank 0, a task of Ray's
     assert the_run_is_gone(result.run_dir, within=20) == []
 
 
@@ -333,3 +357,34 @@ def test_areal_s_completed_exception_is_a_completed_run() -> None:
     assert AREAL_COMPLETED.search(last) and not AREAL_COMPLETED.search(failed)
     assert areal_exit(1, completed=True) == 0
     assert areal_exit(1, completed=False) == 1 and areal_exit(-15, completed=True) == -15
+
+
+@needs_areal
+@needs_root
+@pytest.mark.slow
+@pytest.mark.parametrize("areal", ["1.0.4", "2.0.0"], indirect=True)
+def test_single_controller_on_ray_names_the_spinning_rank_of_its_ray_actors(
+    ray_launcher: Launcher, tmp_path: Path, areal: str
+) -> None:
+    """AReaL's single controller on Ray (its RayScheduler places every worker as an actor):
+    at step 2 one of the two FSDP ranks spins in the model's own code while the other waits in
+    an all-gather. Two CPUs a node for three workers: Ray spreads them over both nodes. The
+    report names the spinning rank, its actor and the node it runs on; nothing is left."""
+    harness = make_harness(tmp_path / "h", "--train-poison-from", "4")  # row 4: step 2
+    result = run_areal(
+        ray_launcher, harness, "sc", python=areal, backend="ray",
+        overrides=["launch.mode=single_controller", "cluster.n_nodes=2",
+                   "+launch.ray.cpus_per_node=2", *TWO_RANKS],
+    )  # fmt: skip
+    assert result.returncode == 3, result.output[-4000:]
+    (report,) = result.reports
+    assert (report["category"], report["last_step"]) == ("straggler", 2), report["summary"]
+    (culprit,) = report["culprit_ranks"]
+    assert "restart_positions() <- TinyQwen2ForCausalLM.forward()" in report["summary"]
+    assert f"while rank {1 - culprit} waits in all_gather_single" in report["summary"]
+    nodes = {r["node"] for r in report["ranks"]} | {w["node"] for w in report["workers"]}
+    assert nodes == {"ray-head", "ray-node1"}, report["ranks"]
+    assert "the sidecars did not finish in time" not in result.output  # the stopped job's end
+    release = "areal2" if areal == str(AREAL2_PYTHON) else "areal"
+    record_evidence(report, f"straggler_w2_r{culprit}--{release}-single-controller-ray")
+    assert the_run_is_gone(result.run_dir, within=20) == []

@@ -34,7 +34,13 @@ import psutil
 from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.roles import RANK_WRAPPERS, SIDECAR_MODULE, Identity, identify
 from areal_watchdog.evidence.model import HELPER
-from areal_watchdog.rundir.layout import COOPERATIVE_SIGNAL, ENV_RUN_ID, RunLayout, node_of
+from areal_watchdog.rundir.layout import (
+    COOPERATIVE_SIGNAL,
+    ENV_RAYLET,
+    ENV_RUN_ID,
+    RunLayout,
+    node_of,
+)
 
 
 @dataclass(frozen=True)
@@ -211,6 +217,8 @@ def _from_environment(layout: RunLayout, scope: Scope, owner: int) -> list[JobPr
             if env.get(ENV_RUN_ID) != scope.run_id or not _on_node(env, scope):
                 continue
             who = identify(proc.cmdline(), env, scope.controller_config)
+            if who is None and scope.raylet is not None:
+                who = _ray_worker_role(layout, scope, proc)
         except (psutil.Error, OSError):
             continue
         if who is not None and who.role != "torchrun":
@@ -229,10 +237,24 @@ def _from_environment(layout: RunLayout, scope: Scope, owner: int) -> list[JobPr
     return found
 
 
+def _ray_worker_role(layout: RunLayout, scope: Scope, proc: psutil.Process) -> Identity | None:
+    """A Ray worker that holds one of AReaL's workers, as its role record says (written by the
+    process itself, in our private run directory, since it began)."""
+    record = read_json(layout.process_role_record(proc.pid))
+    if not isinstance(record, dict) or record.get("run_id") != scope.run_id:
+        return None
+    if float(record.get("time", 0)) < proc.create_time():
+        return None  # an earlier process's, whose pid this one reuses
+    role, index = record.get("role"), record.get("index")
+    if not isinstance(role, str) or not isinstance(index, int):
+        return None
+    return Identity(role, index)
+
+
 def _on_node(env: dict[str, str], scope: Scope) -> bool:
     """On this node: as Slurm or our launcher says, or, on Ray, started by this node's raylet."""
-    if scope.raylet is not None:
-        return env.get("RAY_RAYLET_PID") == scope.raylet
+    if scope.raylet is not None:  # the controller: its driver's raylet (launch.ray.driver)
+        return env.get("RAY_RAYLET_PID", env.get(ENV_RAYLET)) == scope.raylet
     return node_of(env, scope.node) == scope.node
 
 

@@ -9,6 +9,9 @@ this at start-up in each, and each arms, by its role (``common.roles``):
 - the asyncio task listener (rollout coroutines are on no thread's stack);
 - the Flight Recorder listener, in the workers whose role holds the ranks (``actor``);
 - an exit record ``watchdog/procs/<pid>.exit.json`` (an uncaught exception, or an exit);
+- in a Ray worker of the job (AReaL's ``RayScheduler``), all of this once Ray names the actor it
+  holds (``rank.ray_worker``); in a rank AReaL's Ray launcher runs as a task (SPMD), what our
+  rank wrapper arms in a torchrun rank (``arm_ray_rank``);
 - in the controller, the trajectory dump of AReaL's trainer (``rank.areal_trajectory``) and, in
   a resumed run, the quarantined rows left out of its data (``rank.areal_quarantine``).
 
@@ -27,7 +30,7 @@ from typing import Any
 
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.common.roles import Identity, identify
-from areal_watchdog.rank import areal_quarantine, areal_trajectory, task_listener
+from areal_watchdog.rank import areal_quarantine, areal_trajectory, ray_worker, task_listener
 from areal_watchdog.rank.arming import (
     allow_any_tracer,
     arm_stack_dump,
@@ -61,21 +64,49 @@ def install() -> Identity | None:
     watch_dir = os.environ.get(ENV_WATCH_DIR)
     if not os.environ.get(ENV_RUN_ID) or not watch_dir:
         return None
-    who = identify(own_argv(), dict(os.environ), os.environ.get(ENV_JOB_CONFIG, ""))
+    argv, env = own_argv(), dict(os.environ)
+    who = identify(argv, env, env.get(ENV_JOB_CONFIG, ""))
+    layout = RunLayout(Path(watch_dir).parent)
+    if who is None and ray_worker.is_ray_worker(argv, env):
+        pid = os.getpid()
+        ray_worker.watch_for_role(
+            layout.process_role_record(pid), env[ENV_RUN_ID], lambda w: arm(layout, w, pid)
+        )
+        return None
+    if who is not None and who.role == "rank" and ray_worker.is_ray_worker(argv, env):
+        arm_ray_rank(layout, who.index or 0)
+        return who
     if who is None or who.role in ("rank", "torchrun"):
         return None
-    layout = RunLayout(Path(watch_dir).parent)
+    arm(layout, who, os.getpid())
+    return who
+
+
+def arm_ray_rank(layout: RunLayout, rank: int) -> None:
+    """A rank AReaL's Ray launcher runs as a task (SPMD): what our rank wrapper gives a torchrun
+    rank, but the registration (its environment says who it is) and the exit record (Ray, not
+    the process, ends a task)."""
     quietly(allow_any_tracer)
-    quietly(lambda: _kept.append(arm_stack_dump(layout.process_stack_file(os.getpid()))))
+    quietly(lambda: _kept.append(arm_stack_dump(layout.stack_file(rank))))
+    quietly(task_listener.start, layout)
+    if os.environ.get(ENV_FLIGHT_RECORDER):
+        quietly(start_listener, layout, rank)
+    quietly(areal_trajectory.install)
+    quietly(areal_quarantine.install)
+
+
+def arm(layout: RunLayout, who: Identity, pid: int) -> None:
+    """Everything a part of the job gets, by its role."""
+    quietly(allow_any_tracer)
+    quietly(lambda: _kept.append(arm_stack_dump(layout.process_stack_file(pid))))
     quietly(task_listener.start, layout)
     rank_role = os.environ.get(ENV_RANK_ROLE)
     if who.role == rank_role and who.index is not None and os.environ.get(ENV_FLIGHT_RECORDER):
         quietly(start_listener, layout, who.index)
-    quietly(_record_exits, layout.process_exit_record(os.getpid()))
+    quietly(_record_exits, layout.process_exit_record(pid))
     if who.role == "controller":
         quietly(areal_trajectory.install)
         quietly(areal_quarantine.install)
-    return who
 
 
 def _record_exits(path: Path) -> None:

@@ -15,7 +15,8 @@ ENV_RUN_ID = "AREAL_WATCHDOG_RUN_ID"
 ENV_WATCH_DIR = "AREAL_WATCHDOG_DIR"
 ENV_NODE = "AREAL_WATCHDOG_NODE"
 # A sidecar on a Ray node: its raylet's pid. Every process Ray starts on a node carries its
-# raylet's (RAY_RAYLET_PID), which tells apart the nodes of raylets that share one host.
+# raylet's (RAY_RAYLET_PID), which tells apart the nodes of raylets that share one host; the
+# Ray job's driver, which Ray starts without it, gives its own command this variable instead.
 ENV_RAYLET = "AREAL_WATCHDOG_RAYLET_PID"
 ENV_JOB_CONFIG = "AREAL_WATCHDOG_JOB_CONFIG"  # the controller is the process that holds it
 ENV_RANK_ROLE = "AREAL_WATCHDOG_RANK_ROLE"  # the AReaL role whose workers are the ranks (actor)
@@ -213,6 +214,10 @@ class RunLayout:
 
     def process_exit_record(self, pid: int) -> Path:
         return self.procs_dir / f"{pid}.exit.json"
+
+    def process_role_record(self, pid: int) -> Path:
+        """A Ray worker's role, written once AReaL names it (its command line never says)."""
+        return self.procs_dir / f"{pid}.role.json"
 
     def heartbeat(self, rank: int) -> Path:
         return self.heartbeats_dir / f"rank_{rank}.json"

@@ -4,8 +4,8 @@
 cluster of this machine's own), the driver the Jobs API runs on the head (``driver``: sidecars
 first, then AReaL's Ray launcher, SPMD) and the environment every Ray worker of the
 job gets (the job's ``runtime_env``: Ray merges it into each task's and actor's own).
-``execute`` runs that plan (``run``). AReaL's single controller on Ray is refused in one line
-(docs/ray.md says why).
+``execute`` runs that plan (``run``). Single controller: the driver runs the training script,
+connected to Ray first (``rank.ray_controller``), and AReaL's ``RayScheduler`` places the workers.
 """
 
 from __future__ import annotations
@@ -29,15 +29,12 @@ from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
 
 DRIVER_MODULE = "areal_watchdog.launch.ray.driver"
-REFUSED_MODES = {
-    "torchrun": "the ray backend runs AReaL experiments: set spmd (AReaL's Ray launcher)",
-    "single_controller": (
-        "is single_controller, which on Ray needs ray.init() in the training script before "
-        "AReaL's RayScheduler (1.0.4 and 2.0.0) places its workers, and AReaL's scripts do not "
-        "call it: set spmd (AReaL's Ray launcher) for the ray backend"
-    ),
-}
+TORCHRUN_REFUSED = (
+    "the ray backend runs AReaL experiments: set single_controller (AReaL's RayScheduler) or "
+    "spmd (AReaL's Ray launcher)"
+)
 SPMD_LAUNCHER = "areal.infra.launcher.ray"  # AReaL's Ray launcher (SPMD)
+CONTROLLER_MODULE = "areal_watchdog.rank.ray_controller"  # ray.init(), then the script
 
 
 @dataclass(frozen=True)
@@ -58,8 +55,8 @@ class RayBackend:
     def plan(self, config: JobConfig, watchdog: bool, run_id: str | None = None) -> LaunchPlan:
         """Plan a Ray launch; raises ConfigError before anything starts."""
         mode = launch_mode(config)
-        if mode != "spmd":
-            raise ConfigError(config.source, "launch.mode", REFUSED_MODES[mode])
+        if mode == "torchrun":
+            raise ConfigError(config.source, "launch.mode", TORCHRUN_REFUSED)
         run_id = run_id or uuid.uuid4().hex[:12]
         layout = RunLayout(config.run_dir.resolve())
         python = config.launch.python
@@ -67,11 +64,13 @@ class RayBackend:
         job = plan_areal(config, mode, self.name, layout, env,
                          rank_command(config, layout, watchdog), "ray")  # fmt: skip
         env = {**env, **areal_environment(layout, python, env)} if watchdog else env
+        if mode == "single_controller":  # the controller's: which role holds the ranks
+            env = job.processes[0].env
         cluster, address, nodes = _cluster(config, run_id)
         info = LaunchInfo.for_config(
             config, run_id, self.name, layout.run_dir, job.world_size, nodes, mode, job.rank_role
         )
-        processes = _processes(config, layout, env, cluster, len(nodes) or 1, watchdog)
+        processes = _processes(config, layout, env, cluster, len(nodes) or 1, watchdog, mode)
         submission = RaySubmission(address, cluster, f"areal-watchdog-{run_id}", python)
         return LaunchPlan(
             backend=self.name, run_id=run_id, run_dir=str(layout.run_dir),
@@ -90,15 +89,17 @@ class RayBackend:
 
 def _processes(
     config: JobConfig, layout: RunLayout, env: dict[str, str], cluster: OwnCluster | None,
-    nodes: int, watchdog: bool,
+    nodes: int, watchdog: bool, mode: str,
 ) -> list[ProcessSpec]:  # fmt: skip
-    """The own cluster's raylets, the driver (AReaL's Ray launcher after it), the sidecars."""
+    """The own cluster's raylets, the driver (AReaL's Ray launcher or the training script after
+    it), the sidecars."""
     python = config.launch.python
     processes = [
         ProcessSpec(f"ray start ({name})", argv, kind="cluster")
         for name, argv in zip(cluster.node_names(), cluster.commands(python), strict=True)
     ] if cluster else []  # fmt: skip
-    areal = [python, "-m", SPMD_LAUNCHER, *script_command(config, layout)[1:]]
+    module = SPMD_LAUNCHER if mode == "spmd" else CONTROLLER_MODULE
+    areal = [python, "-m", module, *script_command(config, layout)[1:]]
     driver = [python, "-m", DRIVER_MODULE, "--run-dir", str(layout.run_dir), "--nodes", str(nodes)]
     driver += [] if watchdog else ["--unwatched"]
     entry = resolve_entrypoint(config)

@@ -10,6 +10,7 @@ each (``sidecars``), then runs CMD (AReaL's Ray launcher) with its output in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -19,10 +20,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
+
 from areal_watchdog.common.atomic import open_append, write_json_atomic
 from areal_watchdog.launch.ray.sidecars import NAMESPACE, RayNode, live_nodes, place_sidecars
 from areal_watchdog.rundir.launch_info import LaunchInfo
-from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.rundir.layout import ENV_RAYLET, RunLayout
 
 NODES_TIMEOUT_S = 120.0
 # AReaL's Ray launcher ends a run whose trainer finished by raising JobException(COMPLETED)
@@ -46,6 +49,17 @@ def wait_for_nodes(ray: object, expected: int) -> list[RayNode]:
         if len(nodes) >= expected or time.monotonic() > deadline:
             return nodes
         time.sleep(1.0)
+
+
+def own_raylet() -> str | None:
+    """The raylet of the node this driver runs on: Ray's job supervisor (an ancestor) carries
+    its ``RAY_RAYLET_PID``; the entrypoint it starts does not."""
+    for proc in psutil.Process().parents():
+        with contextlib.suppress(psutil.Error):
+            raylet = proc.environ().get("RAY_RAYLET_PID")
+            if raylet:
+                return raylet
+    return None
 
 
 def run_job(argv: list[str], log_path: Path) -> int:
@@ -93,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
                               str(layout.logs_dir))  # fmt: skip
         say(layout, "sidecars: " + ", ".join(f"{n} (pid {pid})" for n, pid in pids.items()))
     ray.shutdown()  # AReaL's command is a driver of its own
+    raylet = own_raylet()
+    if raylet:  # the head's sidecar finds AReaL's controller by it
+        os.environ[ENV_RAYLET] = raylet
     returncode = run_job(command, layout.ray_driver_log)
     record = {"run_id": info.run_id, "returncode": returncode, "time": time.time()}
     layout.job_exit_dir.mkdir(exist_ok=True)

@@ -107,6 +107,8 @@ class RayRun:
         """The driver records the job's end on every node; a driver that was stopped cannot."""
         info = LaunchInfo.load(self.layout.run_dir)
         record = {"run_id": self.plan.run_id, "returncode": returncode, "time": time.time()}
+        with contextlib.suppress(OSError):
+            self.layout.job_exit_dir.mkdir(exist_ok=True)
         for node in info.nodes:
             if read_run_record(self.layout.job_exit(node), self.plan.run_id) is None:
                 with contextlib.suppress(OSError):

@@ -1,0 +1,37 @@
+"""AReaL's training script as the single controller of a Ray job: ``ray.init()``, then the
+script, unchanged, as ``__main__``.
+
+AReaL's ``RayScheduler`` (``scheduler.type: ray``, 1.0.4 and 2.0.0) creates its placement groups
+and ``RayRPCServer`` actors through the process's Ray connection, but AReaL's training scripts
+never connect (only ``name_resolve.type: ray`` would, and the watchdog reads name_resolve from
+the shared filesystem). The Jobs API gives the entrypoint ``RAY_ADDRESS``, so ``ray.init()``
+joins the job's own cluster as its driver.
+
+``python -m areal_watchdog.rank.ray_controller train.py ARGS...``
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+
+def main(argv: list[str]) -> None:
+    """Connect, then run the script with its own ``sys.argv``; its exit is ours."""
+    if not argv:
+        sys.exit("usage: python -m areal_watchdog.rank.ray_controller SCRIPT [ARGS...]")
+    import ray
+
+    ray.init()
+    sys.argv = list(argv)
+    if argv[0] == "-m":
+        sys.argv = argv[1:]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))  # as `python SCRIPT` has it
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
