@@ -362,7 +362,7 @@ def test_areal_s_completed_exception_is_a_completed_run() -> None:
 @needs_areal
 @needs_root
 @pytest.mark.slow
-@pytest.mark.parametrize("areal", ["1.0.4", "2.0.0"], indirect=True)
+@pytest.mark.parametrize("areal", ["2.0.0"], indirect=True)  # 1.0.4: measured, docs/ray.md
 def test_single_controller_on_ray_names_the_spinning_rank_of_its_ray_actors(
     ray_launcher: Launcher, tmp_path: Path, areal: str
 ) -> None:

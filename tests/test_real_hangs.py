@@ -124,6 +124,34 @@ def test_a_slow_phase_and_an_announced_pause_are_never_cancelled(launcher: Launc
     assert "job completed (last step 4)" in result.output
 
 
+def test_a_hang_that_starts_during_a_second_look_is_caught_after_it(launcher: Launcher) -> None:
+    """Step 2 is slow (a stall at the first look); the job moves on, and at step 3 rank 1
+    freezes while the second look is still pending. That look finds the new step (not
+    cancelling); the freeze, a new silence, is then looked at afresh and cancelled: it was
+    once swallowed by the pending look, and the job hung unreported."""
+    result = launcher.run(
+        [
+            *FAST,
+            "launch.nproc_per_node=2",
+            "demo.steps=6",
+            "demo.step_time=0.2",
+            "demo.slow_step=2",
+            "demo.slow_time=4",
+            "demo.hang=collective_stuck",
+            "demo.hang_step=3",
+            "demo.hang_rank=1",
+            "+watchdog.confirm_after=8",
+        ],
+        timeout=120,
+    )
+    assert result.returncode == 3, result.output[-3000:]
+    assert "not cancelling" in result.output
+    first, second = result.reports
+    assert first["action"] == "report" and first["confirmation"]["confirmed"] is False
+    assert (second["category"], second["culprit_ranks"]) == ("collective_stuck", [1])
+    assert second["action"] == "cancel" and second["last_step"] == 2
+
+
 def test_healthy_job_exits_zero_and_sidecar_is_gone(launcher: Launcher) -> None:
     result = launcher.run(
         [*FAST, "launch.nproc_per_node=2", "demo.hang=none", "demo.steps=3", "demo.heartbeat=true"]

@@ -18,7 +18,7 @@ RESUME = [
     *FAST,
     "watchdog.on_hang=resume",
     "+watchdog.resume.backoff=1",
-    "watchdog.startup_timeout=15",
+    "watchdog.startup_timeout=45",  # a slow start under load is no stall
     "demo.steps=8",
     "demo.hang_step=4",
 ]
@@ -154,9 +154,9 @@ def test_dry_run_shows_what_a_resume_runs_and_what_is_refused_says_why(
     assert len(error) == 1 and "on Slurm follows the job from this shell: add --wait" in error[0]
     assert main(["--watchdog", "slurm", str(DEMO_CONFIG), "watchdog.on_hang=resume", "--wait",
                  "--dry-run"]) == 0  # fmt: skip
-    assert "in a new allocation without the nodes a transient hang named" in (
-        capsys.readouterr().out
-    )
+    shown = capsys.readouterr().out
+    assert "in a new allocation without the nodes a transient hang named" in shown
+    assert "replayed on a node of a one-node Slurm allocation the hangs did not name" in shown
     # An AReaL job restarts from AReaL's recover checkpoint: a config that never writes one
     # is refused (the example's recover.mode is disabled).
     areal = REPO / "examples" / "areal" / "gsm8k_grpo.yaml"
@@ -168,3 +168,24 @@ def test_dry_run_shows_what_a_resume_runs_and_what_is_refused_says_why(
     shown = capsys.readouterr().out
     assert "runs again from AReaL's recover checkpoint of the trial" in shown
     assert "AREAL_WATCHDOG_QUARANTINE=<RUN_DIR/quarantine.json" in shown
+
+
+def test_a_slurm_replay_asks_one_node_the_hangs_did_not_name(tmp_path: Path) -> None:
+    """The replay that decides a Slurm resume: srun, one node, the job's partition, time and
+    CPUs, every node the hangs named (and the config's own exclusions) left out."""
+    from areal_watchdog.config.load import load_config
+    from areal_watchdog.launch.slurm.replay import SlurmReplayHost
+    from areal_watchdog.trajectory.replay_plan import ReplayRequest
+
+    config = load_config(
+        str(DEMO_CONFIG), ["+launch.slurm.partition=gpu", "+launch.slurm.exclude=node9"]
+    )
+    host = SlurmReplayHost(config, {"node2", "node1"})
+    request = ReplayRequest(tmp_path, step=3, overrides=("++watchdog.notify=[]",), groups=(0, 1, 3))
+    command = host.command(request)
+    at = command.index(config.launch.python)
+    srun, replay = command[:at], command[at:]
+    assert srun[:3] == ["srun", "--nodes=1", "--ntasks=1"]
+    assert {"--partition=gpu", "--exclude=node1,node2,node9", "--cpus-per-task=4"} <= set(srun)
+    assert replay[1:5] == ["-m", "areal_watchdog.cli", "replay", str(tmp_path)]
+    assert replay[5:] == ["--step", "3", "--groups", "0-1, 3", "++watchdog.notify=[]"]

@@ -68,10 +68,12 @@ class SlurmRuns:
         self.root = root
         self.job_ids: list[str] = []
         self.popens: list[subprocess.Popen] = []
+        self.trials: list[str] = []
 
     def launch(
         self, trial: str, *overrides: str, wait: bool = True, python: Path | None = None
     ) -> subprocess.Popen:
+        self.trials.append(trial)
         cmd = [
             str(python or sys.executable),
             "-m",
@@ -109,6 +111,9 @@ class SlurmRuns:
     def cleanup(self) -> list[int]:
         for job_id in self.job_ids:
             subprocess.run(["scancel", job_id], env=slurm_env(), capture_output=True, check=False)
+        for trial in self.trials:  # a replay's one-node allocation (launch.slurm.replay)
+            scancel = ["scancel", "--name", f"slurm-test-{trial}-replay"]
+            subprocess.run(scancel, env=slurm_env(), capture_output=True, check=False)
         for proc in self.popens:
             if proc.poll() is None:
                 proc.kill()
@@ -339,18 +344,18 @@ def test_a_transient_hang_resumes_in_a_new_allocation_without_the_culprit_node(
     runs: SlurmRuns, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``on_hang: resume`` on Slurm: rank 1 of a one-node job freezes once (SIGSTOP) at step 3.
-    The job is cancelled after the report; no dumped step to replay, so the hang is taken as
-    transient, and the job starts again from its checkpoint in a new allocation that excludes
-    the node the report named; it completes there."""
+    The job is cancelled after the report; the dumped step replays in a one-node allocation on
+    the other node without hanging, so the hang is transient, and the job starts again from its
+    checkpoint in a new allocation that excludes the node the report named; it completes."""
     checkpoint = runs.root / "ckpt.json"
     proc = runs.launch(
         "resume", "cluster.n_nodes=1", "watchdog.on_hang=resume", "+watchdog.resume.backoff=0",
         "demo.hang=collective_stuck", "demo.hang_rank=1", "+demo.hang_once=true",
-        f"+demo.checkpoint={checkpoint}",
+        f"+demo.checkpoint={checkpoint}", "+demo.record=true",
     )  # fmt: skip
     first = runs.job_id("resume")
     run_dir = runs.root / "slurm-test" / "resume"
-    code, output = runs.finish(proc, timeout=240)
+    code, output = runs.finish(proc, timeout=300)
     resumed = json.loads((run_dir / "watchdog" / "slurm_job.json").read_text())["job_id"]
     runs.job_ids.append(resumed)
     assert code == 0, output
@@ -359,6 +364,12 @@ def test_a_transient_hang_resumes_in_a_new_allocation_without_the_culprit_node(
     assert report["culprit_ranks"] == [1] and report["job"]["job_id"] == first
     recovery = report["recovery"]
     assert recovery["decision"] == "resume" and recovery["nodes_excluded"] == [culprit]
+    (replayed,) = recovery["replays"]
+    assert (replayed["groups"], replayed["hung"], replayed["exit_code"]) == (None, False, 0)
+    assert "replayed on one node without hanging" in recovery["reason"], recovery["reason"]
+    watched = [p.stem for p in (Path(replayed["run_dir"]) / "watchdog" / "status").glob("*.json")]
+    assert watched == sorted({"node1", "node2"} - {culprit}), watched  # the other node
+    assert "replaying step 3 (the whole batch) on a node of a one-node Slurm allocation" in output
     assert resumed != first
     ran_on = job_state(resumed).get("NodeList")
     assert ran_on and ran_on != culprit, (ran_on, output[-3000:])

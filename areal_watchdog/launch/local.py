@@ -39,7 +39,7 @@ from areal_watchdog.launch.plan import Gate, LaunchPlan, ProcessSpec
 from areal_watchdog.launch.processes import Interrupts, OutputPump, start, stop_job
 from areal_watchdog.launch.torchrun import standalone, torchrun_command
 from areal_watchdog.rundir.launch_info import LaunchInfo
-from areal_watchdog.rundir.layout import ENV_CANCEL_FD, ENV_NODE, RunLayout
+from areal_watchdog.rundir.layout import ENV_CANCEL_FD, ENV_NODE, RunLayout, node_of
 
 SIDECAR_FINISH_GRACE = 60.0  # seconds the sidecar gets to write a final report
 SIDECAR_RESTARTS = 3  # a sidecar that keeps dying is given up on, loudly
@@ -54,7 +54,7 @@ class LocalBackend:
         """Plan a single-node launch; raises ConfigError before anything starts."""
         run_id = run_id or uuid.uuid4().hex[:12]
         layout = RunLayout(config.run_dir.resolve())
-        node = socket.gethostname()
+        node = node_of(os.environ, socket.gethostname())  # Slurm's name inside an allocation
         mode = launch_mode(config)
         env = job_environment(config, layout, run_id, node, watchdog)
         ranks = rank_command(config, layout, watchdog)

@@ -1,9 +1,11 @@
 """Before a resume, replay the step that hung on this node, watched, and bisect its batch when
 it hangs the same way: the hang then follows the data, and the rows that hang are quarantined.
 
-Each replay is ``areal-launch replay RUN_DIR --step N [--groups G]`` run in this process, with
-``on_hang: cancel`` and no notification (the incident is the original's; its recovery event
-lists the replays). Its terminal output goes to ``<replay run dir>/areal-launch.log``.
+Each replay is ``areal-launch replay RUN_DIR --step N [--groups G]`` with ``on_hang: cancel``
+and no notification (the incident is the original's; its recovery event lists the replays), run
+where its host says: in this process on this node (``LocalReplayHost``), or on Slurm on a node
+of an allocation of its own (``launch.slurm.replay``). Its terminal output goes to
+``<replay run dir>/areal-launch.log``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import io
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.rankset import format_ranks
@@ -63,11 +65,36 @@ class ReplayFinding:
     quarantined: list[QuarantinedRow] = field(default_factory=list)
 
 
+class ReplayHost(Protocol):
+    """Where a replay runs."""
+
+    where: str
+
+    def run(self, request: ReplayRequest) -> tuple[int, str, str]:
+        """The replay to its end: (its exit code, its run directory, its terminal output)."""
+        ...
+
+
+class LocalReplayHost:
+    """This node, in this process: the local backend."""
+
+    where = "on this node"
+
+    def run(self, request: ReplayRequest) -> tuple[int, str, str]:
+        local = LocalBackend()
+        plan = local.plan(plan_replay_config(request).config, watchdog=True)
+        log = io.StringIO()
+        code = local.execute(plan, log)
+        return code, plan.run_dir, log.getvalue()
+
+
 def replay_decides(
-    config: JobConfig, run_dir: Path, hang: Hang, report: dict[str, Any] | None, out: TextIO
-) -> ReplayFinding | None:
+    config: JobConfig, run_dir: Path, hang: Hang, report: dict[str, Any] | None, out: TextIO,
+    host: ReplayHost | None = None,
+) -> ReplayFinding | None:  # fmt: skip
     """Replay the hung step and, when it hangs the same way, bisect it and quarantine the rows
     that hang; None when the run dumped no step to replay."""
+    host = host or LocalReplayHost()
     step = ((report or {}).get("trajectory") or {}).get("step")
     if not isinstance(step, int):
         return None
@@ -75,7 +102,7 @@ def replay_decides(
 
     def run(groups: tuple[int, ...] | None) -> Replayed:
         try:
-            replays.append(_replay(run_dir, step, groups, out))
+            replays.append(_replay(host, run_dir, step, groups, out))
         except UserError as exc:  # a replay that cannot start tells nothing
             _say(out, f"  cannot replay: {exc}")
             replays.append(Replayed(groups, ExitCode.USAGE, 0.0, "", None))
@@ -99,26 +126,24 @@ def replay_decides(
     return ReplayFinding(step, True, said, replays, rows)
 
 
-def _replay(run_dir: Path, step: int, groups: tuple[int, ...] | None, out: TextIO) -> Replayed:
+def _replay(
+    host: ReplayHost, run_dir: Path, step: int, groups: tuple[int, ...] | None, out: TextIO
+) -> Replayed:
     request = ReplayRequest(run_dir, step=step, overrides=QUIET, groups=groups)
-    replay = plan_replay_config(request)
-    local = LocalBackend()
-    plan = local.plan(replay.config, watchdog=True)
     which = "the whole batch" if groups is None else f"groups {format_ranks(groups)}"
-    _say(out, f"replaying step {step} ({which}) on this node, watched: {plan.run_dir}")
+    _say(out, f"replaying step {step} ({which}) {host.where}, watched")
     started = time.time()
-    log = io.StringIO()
-    code = local.execute(plan, log)
+    code, replay_dir, log = host.run(request)
     if code == ExitCode.INTERRUPTED:
         raise KeyboardInterrupt  # Ctrl-C during a replay: no resume either
     with contextlib.suppress(OSError):
-        (Path(plan.run_dir) / "areal-launch.log").write_text(log.getvalue(), encoding="utf-8")
+        (Path(replay_dir) / "areal-launch.log").write_text(log, encoding="utf-8")
     hung = code == ExitCode.HANG_CANCELLED
-    incident_id, report = newest_report(RunLayout(Path(plan.run_dir)), started)
+    incident_id, report = newest_report(RunLayout(Path(replay_dir)), started)
     hang = Hang.from_report(report, incident_id, None) if hung and report else None
-    replayed = Replayed(groups, code, time.time() - started, plan.run_dir, hang)
+    replayed = Replayed(groups, code, time.time() - started, replay_dir, hang)
     shown = f"hung: {hang.describe()}" if hang else f"no hang (exit code {code})"
-    _say(out, f"  {shown}, {replayed.seconds:.0f} s")
+    _say(out, f"  {shown}, {replayed.seconds:.0f} s: {replay_dir}")
     return replayed
 
 

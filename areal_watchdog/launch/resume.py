@@ -1,12 +1,13 @@
 """``on_hang: resume``: after the report, the job is ended and started again, as
 ``resume_policy`` decides, until it completes or the policy stops.
 
-Before a resume, the hung step is replayed on this node when the run dumped it
-(``replay_decides``): a step that hangs the same way is bisected and its hanging rows are left
-out of the resumed run (``quarantine.json``). An AReaL job restarts from AReaL's recover
-checkpoint; a torchrun script from its own, told by two variables (``ENV_ATTEMPT``,
-``ENV_LAST_STEP``). What happened is kept in ``watchdog/recovery.json`` (``areal-launch status``
-shows it) and in each hang's report (its ``recovery`` section).
+Before a resume, the hung step is replayed on one node when the run dumped it (this one; on
+Slurm one of a one-node allocation: ``replay_decides``): a step that hangs the same way is
+bisected and its hanging rows are left out of the resumed run (``quarantine.json``). An
+AReaL job restarts from AReaL's recover checkpoint; a torchrun script from its own, told by two
+variables (``ENV_ATTEMPT``, ``ENV_LAST_STEP``). What happened is kept in
+``watchdog/recovery.json`` (``areal-launch status`` shows it) and in each hang's report (its
+``recovery`` section).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.plan import LaunchPlan
 from areal_watchdog.launch.replay_decides import ReplayFinding, replay_decides
 from areal_watchdog.launch.resume_policy import Decision, Hang, decide
+from areal_watchdog.launch.slurm.replay import SlurmReplayHost
 from areal_watchdog.notify.recovery import send_recovery
 from areal_watchdog.notify.sinks import SinkSpec
 from areal_watchdog.report.build import iso
@@ -79,6 +81,9 @@ def resume_notes(config: JobConfig, mode: str, backend: str = "local") -> list[s
     """What ``--dry-run`` says a resume would run."""
     wd = config.watchdog
     waits = ", ".join(f"{wd.resume_backoff * 2**n:g} s" for n in range(wd.resume_max_attempts))
+    where = "on this node"
+    if backend == "slurm":
+        where = f"{SlurmReplayHost.where} the hangs did not name"
     start = (
         "AReaL's recover checkpoint of the trial (recover.mode: auto)"
         if mode != "torchrun"
@@ -86,7 +91,7 @@ def resume_notes(config: JobConfig, mode: str, backend: str = "local") -> list[s
     )
     return [
         f"on a hang (watchdog.on_hang: resume): the report first, then the job is ended; the "
-        f"hung step, when dumped, is replayed on this node (at most {wd.resume_max_replays} "
+        f"hung step, when dumped, is replayed {where} (at most {wd.resume_max_replays} "
         "replays, bisecting a batch that hangs the same way; its hanging rows go to "
         "quarantine.json and out of the resumed run);",
         f"then this plan runs again from {start}, up to {wd.resume_max_attempts} time(s) "
@@ -134,7 +139,7 @@ def run_resuming(target: Backend, config: JobConfig, plan: LaunchPlan, out: Text
         incident_id, report = _newest_hang(layout, started)
         hangs.append(Hang.from_report(report, incident_id, hangs[-1].step if hangs else None))
         try:
-            decision, finding = _decide(config, layout, hangs, report, out, target.name)
+            decision, finding = _decide(config, layout, hangs, report, out, target.name, excluded)
         except KeyboardInterrupt:
             _say(out, "interrupted while replaying: not resuming")
             record.end("interrupted before resuming")
@@ -168,21 +173,17 @@ def _ended(code: int, hangs: int, record: _Record, out: TextIO) -> int:
 
 def _decide(
     config: JobConfig, layout: RunLayout, hangs: list[Hang], report: dict[str, Any] | None,
-    out: TextIO, backend: str,
+    out: TextIO, backend: str, excluded: set[str],
 ) -> tuple[Decision, ReplayFinding | None]:  # fmt: skip
     """The policy's decision, the replays' finding first when it may resume (a stop needs
-    no replay; on Slurm the replay would run on this submit host, not in an allocation: not
-    yet)."""
+    no replay). On Slurm the replays run in a one-node allocation, on none of the nodes the
+    run's hangs named (``excluded``, this one's too)."""
     wd = config.watchdog
     decision = decide(hangs, wd.resume_max_attempts, wd.resume_backoff)
     if not decision.resume:
         return decision, None
-    if backend == "slurm":
-        dumped = ((report or {}).get("trajectory") or {}).get("step") is not None
-        note = "no replay on Slurm yet (the local backend replays), so it is taken as transient"
-        note_if = note if dumped else None
-        return decide(hangs, wd.resume_max_attempts, wd.resume_backoff, note_if), None
-    finding = replay_decides(config, layout.run_dir, hangs[-1], report, out)
+    host = SlurmReplayHost(config, excluded | _named_nodes(report)) if backend == "slurm" else None
+    finding = replay_decides(config, layout.run_dir, hangs[-1], report, out, host)
     note = finding.note if finding else None
     return decide(hangs, wd.resume_max_attempts, wd.resume_backoff, note), finding
 
@@ -300,7 +301,7 @@ def recovery_markdown(section: dict[str, Any]) -> str:
         f"{section['reason']}.",
     ]
     if section.get("replays"):
-        lines += ["", "Replays of the hung step on this node:", ""]
+        lines += ["", "Replays of the hung step, each on one node:", ""]
         for replay in section["replays"]:
             fed = "the whole batch" if replay["groups"] is None else f"groups {replay['groups']}"
             shown = f"hung: {replay['hang']}" if replay["hung"] else "no hang"

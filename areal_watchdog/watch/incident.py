@@ -38,7 +38,7 @@ from areal_watchdog.watch.coordination import Coordinator
 from areal_watchdog.watch.node import NodeWatch
 from areal_watchdog.watch.progress import StallClock
 from areal_watchdog.watch.second_look import RETRY_LOOPS, marks, moved
-from areal_watchdog.watch.triggers import Trigger
+from areal_watchdog.watch.triggers import SILENCES, Trigger
 
 FLIGHT_RECORDER_TIMEOUT = 2.0  # seconds to wait for the ranks' Flight Recorder dumps
 ROLLOUT_TIMEOUT = 2.0  # seconds to wait for asyncio task dumps and server probes
@@ -175,7 +175,7 @@ class Incidents:
         (``confirm``)."""
         if self.second_look is not None:
             return  # the event under a second look is this one
-        silence = trigger in (Trigger.STALL, Trigger.GPU_IDLE)  # one report per silence
+        silence = trigger in SILENCES  # one report per silence
         key = f"stall-step{self.clock.last_step}" if silence else trigger.value
         if not self.coordinator.claim(key):
             return  # another leader already reports this event

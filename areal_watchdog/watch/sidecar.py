@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from areal_watchdog.watch.progress import (
 from areal_watchdog.watch.progress_watch import ProgressWatch
 from areal_watchdog.watch.standby import wait_for_node_lock
 from areal_watchdog.watch.triggers import (
+    SILENCES,
     Action,
     Reported,
     Say,
@@ -299,6 +300,11 @@ class Sidecar(JobEnd, ProgressWatch):
         )
 
     def act(self, action: Action, now: float) -> None:
+        if action.trigger in SILENCES and self.incidents.second_look is not None:
+            # A new silence (the job moved since the first look) while another waits for its
+            # second look: once that is done, this one is seen afresh, never swallowed.
+            self.reported = replace(self.reported, silence=False)
+            return
         silent, threshold = self.clock.silent_for(now), self.clock.threshold
         alive = f"{len(self.alive_ranks())} ranks"
         if self.others_alive():

@@ -25,6 +25,9 @@ class Trigger(str, Enum):
     JOB_FAILED = "job_failed"  # every node's job ended, some with a non-zero code
 
 
+SILENCES = (Trigger.STALL, Trigger.GPU_IDLE)  # one report per silence
+
+
 class Say(str, Enum):
     """Terminal lines that are decisions too (said once per silence)."""
 

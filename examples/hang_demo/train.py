@@ -17,7 +17,9 @@ With ``demo.checkpoint`` (a file), rank 0 records each finished step there and a
 (``on_hang: resume`` sets AREAL_WATCHDOG_RESUME_ATTEMPT) starts after it; ``demo.hang_once``
 makes the hang transient: it happens only while ``<checkpoint>.hung`` does not exist.
 ``demo.teardown_time`` keeps rank 0 busy after the last step (a final save) while the others
-wait in the closing barrier.
+wait in the closing barrier. ``demo.record`` records every step's batch
+(``areal_watchdog.trajectory``): ``areal-launch replay`` then feeds the recorded steps back
+(the replay that decides a resume), and writes no checkpoint.
 
 Run it through ``areal-launch --watchdog local examples/hang_demo/config.yaml``.
 """
@@ -40,6 +42,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
 import areal_watchdog
+from areal_watchdog.trajectory import Replay, TrajectoryRecorder
 
 GREEN, RESET = "\x1b[32m", "\x1b[0m"
 
@@ -171,6 +174,21 @@ def mark_hung(settings: dict) -> None:
         open(f"{settings['checkpoint']}.hung", "w").close()
 
 
+def batches(loader: DataLoader, replay: Replay | None, record: bool, rank: int):  # noqa: ANN201
+    """(step, (x, y)): the recorded steps in a replay, else the loader's, recorded if asked."""
+    if replay is not None:
+        for step, groups in replay.batches():
+            yield step, (groups[0]["x"], groups[0]["y"])
+        return
+    recorder = TrajectoryRecorder.from_env(rank, dist.get_world_size()) if record else None
+    for step, (x, y) in enumerate(loader, start=1):
+        if recorder is not None:
+            recorder.record(step, [{"x": x, "y": y}])
+        yield step, (x, y)
+    if recorder is not None:
+        recorder.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", required=True)
@@ -191,6 +209,7 @@ def main() -> None:
         "checkpoint": "",
         "hang_once": False,
         "teardown_time": 0.0,
+        "record": False,
     }
     settings.update(config.get("demo") or {})
     rank = int(os.environ["RANK"])
@@ -210,11 +229,14 @@ def main() -> None:
     loader = DataLoader(RandomRegression(steps, block), batch_size=1, num_workers=1)
     if hung_before(settings):
         settings["hang"] = "none"  # transient: it happened once, not again
+    replay = Replay.from_env(dp_rank=rank, dp_size=dist.get_world_size())
+    if replay is not None:
+        settings["checkpoint"] = ""  # a replay never moves the run's own checkpoint
     start = resume_point(settings["checkpoint"])
     if rank == 0 and start:
         print(f"resuming from {settings['checkpoint']}: {start} steps done", flush=True)
     with Trainer(settings) as trainer:
-        for step, (x, y) in enumerate(loader, start=1):
+        for step, (x, y) in batches(loader, replay, settings["record"], rank):
             if step <= start:
                 continue
             Trainer.is_hang_step = step == settings["hang_step"]

@@ -79,7 +79,7 @@ class SlurmBackend:
         slurm = validate_slurm(config)
         run_id = run_id or uuid.uuid4().hex[:12]
         layout = RunLayout(config.run_dir.resolve())
-        prefix = _container_prefix(slurm)
+        prefix = container_prefix(slurm)
         env = job_environment(config, layout, run_id, None, watchdog)  # each node adds its name
         ranks = rank_command(config, layout, watchdog)
         spmd = spmd_shape(config, layout, env, ranks) if mode == "spmd" else None
@@ -172,7 +172,7 @@ def sidecar_command(python: str, layout: RunLayout) -> list[str]:
     ]
 
 
-def _container_prefix(slurm: dict[str, Any]) -> list[str]:
+def container_prefix(slurm: dict[str, Any]) -> list[str]:
     prefix = slurm.get("container_prefix") or []
     return shlex.split(prefix) if isinstance(prefix, str) else [str(p) for p in prefix]
 
