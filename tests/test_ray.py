@@ -33,7 +33,7 @@ from test_launcher_lifecycle import wait_for
 
 from areal_watchdog.cli import main
 from areal_watchdog.config.model import RaySection
-from areal_watchdog.launch.ray.cluster import OwnCluster
+from areal_watchdog.launch.ray.cluster import OwnCluster, cluster_environment
 from areal_watchdog.launch.ray.sidecars import HEAD_RESOURCE, live_nodes
 from conftest import AREAL2_PYTHON, Launcher, processes_under, read_reports
 
@@ -79,6 +79,7 @@ def existing_ray(tmp_path: Path) -> Iterator[tuple[list[str], OwnCluster]]:
     session = subprocess.Popen(
         [*enter, "bash", "-c", f"{starts} & wait"], start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=(tmp_path / "ray-start.log").open("w"),
+        env=cluster_environment(),  # no token auth, whatever ~/.ray holds (docs/ray.md)
     )  # fmt: skip
     try:
         assert "2" in in_cluster(enter, cluster, "print(alive(ray))", timeout=90)
@@ -120,7 +121,9 @@ def in_cluster(enter: list[str], cluster: OwnCluster, code: str, timeout: float 
     """What ``code`` prints, run as a driver of the cluster (``ray`` connected, 2 nodes up)."""
     gcs = f"127.0.0.1:{cluster.gcs_port}"
     probe = [*enter, sys.executable, "-c", CLUSTER_PROBE + code, gcs, str(timeout)]
-    return subprocess.run(probe, capture_output=True, text=True, timeout=timeout + 60).stdout
+    return subprocess.run(
+        probe, capture_output=True, text=True, timeout=timeout + 60, env=cluster_environment()
+    ).stdout
 
 
 def _session(sid: int) -> list[psutil.Process]:

@@ -243,11 +243,11 @@ def _ray_worker_role(layout: RunLayout, scope: Scope, proc: psutil.Process) -> I
     record = read_json(layout.process_role_record(proc.pid))
     if not isinstance(record, dict) or record.get("run_id") != scope.run_id:
         return None
-    if float(record.get("time", 0)) < proc.create_time():
-        return None  # an earlier process's, whose pid this one reuses
-    role, index = record.get("role"), record.get("index")
+    role, index, written = record.get("role"), record.get("index"), record.get("time")
     if not isinstance(role, str) or not isinstance(index, int):
         return None
+    if not isinstance(written, (int, float)) or written < proc.create_time():
+        return None  # an earlier process's, whose pid this one reuses
     return Identity(role, index)
 
 

@@ -26,6 +26,7 @@ from areal_watchdog.common.parent import die_with_parent
 from areal_watchdog.config.model import RaySection
 
 LOOPBACK = "127.0.0.1"
+RAY_AUTH_MODE = "RAY_AUTH_MODE"  # Ray's switch for its token authentication
 START_TIMEOUT_S = 120.0  # one `ray start` on a loaded 2-core machine takes 5-15 s
 OBJECT_STORE_BYTES = 200 * 1024**2  # the job moves no tensors through it: keep /dev/shm free
 HEAD_NAME = "ray-head"
@@ -132,8 +133,11 @@ class Raylets:
 def cluster_environment() -> dict[str, str]:
     """The launcher's environment without our marks: the cluster's daemons and the workers
     they start are no part of a run until the job's runtime_env makes them one (the marks
-    would have the run's cleanup kill Ray's reaper before it reaps)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(OUR_PREFIX)}
+    would have the run's cleanup kill Ray's reaper before it reaps). Ray's token auth off, as
+    said: Ray 2.60 turns it on for every ``ray start`` once any ``ray.init()`` on the machine
+    wrote ``~/.ray/auth_token``, and the cluster would then refuse our own probes."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(OUR_PREFIX)}
+    return {**env, RAY_AUTH_MODE: "disabled"}
 
 
 def _answers(address: str, proc: subprocess.Popen) -> bool:

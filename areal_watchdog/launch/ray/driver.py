@@ -3,8 +3,9 @@
 ``areal-launch ray`` submits ``python -m areal_watchdog.launch.ray.driver --run-dir R -- CMD``
 through Ray's Jobs API. This process connects to the cluster it runs in (``RAY_ADDRESS``, set
 by Ray), waits for the nodes the run expects, names them in ``launch.json``, places a sidecar on
-each (``sidecars``), then runs CMD (AReaL's Ray launcher) with its output in
-``logs/ray_driver.log`` as well, and records its end for every node.
+each (``sidecars``), then runs CMD (AReaL's Ray launcher, or the training script as the single
+controller) with its output in ``logs/ray_driver.log`` as well, and records its end for every
+node.
 """
 
 from __future__ import annotations
