@@ -67,13 +67,14 @@ def install() -> Identity | None:
     argv, env = own_argv(), dict(os.environ)
     who = identify(argv, env, env.get(ENV_JOB_CONFIG, ""))
     layout = RunLayout(Path(watch_dir).parent)
-    if who is None and ray_worker.is_ray_worker(argv, env):
+    on_ray = ray_worker.is_ray_worker(argv, env)
+    if who is None and on_ray:
         pid = os.getpid()
         ray_worker.watch_for_role(
             layout.process_role_record(pid), env[ENV_RUN_ID], lambda w: arm(layout, w, pid)
         )
         return None
-    if who is not None and who.role == "rank" and ray_worker.is_ray_worker(argv, env):
+    if who is not None and who.role == "rank" and on_ray:
         arm_ray_rank(layout, who.index or 0)
         return who
     if who is None or who.role in ("rank", "torchrun"):
