@@ -275,13 +275,7 @@ def cmd_replay(argv: list[str], _watchdog: bool) -> int:
         return 0
     check_sinks(config)
     flush_spool(str(RunLayout(args.run_dir).run_dir))
-    print(
-        f"[areal-launch] replaying step(s) {format_ranks(steps)} of {args.run_dir} as trial "
-        f"{config.trial_name} ({replay.trainers}, rollout bypassed)",
-        flush=True,
-    )
-    if replay.weights:
-        print(f"[areal-launch] replay weights: {replay.weights}", flush=True)
+    print(replay.headline(args.run_dir), end="", flush=True)
     return local.execute(plan, sys.stdout)
 
 

@@ -257,77 +257,37 @@ RESUME = ["watchdog.on_hang=resume", "+watchdog.resume.backoff=1"]
 @needs_areal
 @needs_root
 @pytest.mark.slow
-@pytest.mark.parametrize("areal", ["1.0.4"], indirect=True)  # 2.0.0: the resume test below
-def test_training_side_hang_is_named_and_its_replay_hangs_the_same_way(
+@pytest.mark.parametrize("areal", ["2.0.0"], indirect=True)  # 1.0.4: the SPMD resume test below
+def test_a_data_dependent_hang_is_replayed_bisected_to_its_row_and_the_job_resumes_without_it(
     launcher: Launcher, train_harness: Path, areal: str
 ) -> None:
-    """A data-dependent hang in the trainer: at global step 2 one DP rank spins in the model's
-    own code over a sample, its peer waits in FSDP's all-gather. The dumped step replays from
-    AReaL's recover checkpoint of global step 1, with no rollout, hangs the same way, and the
-    replay's report says the same; the original run's checkpoint is left as it was."""
-    result = run_areal(
-        launcher, train_harness, "th", python=areal, overrides=[*TWO_RANKS, *RECOVER]
-    )
-    assert result.returncode == 3, result.output[-4000:]
-    (report,) = result.reports
-    assert (report["category"], report["last_step"]) == ("straggler", 2)
-    (culprit,) = report["culprit_ranks"]
-    assert "restart_positions() <- TinyQwen2ForCausalLM.forward()" in report["summary"]
-    assert f"while rank {1 - culprit} waits in all_gather_single" in report["summary"]
-    assert report["collectives"]["agreement"].startswith("the stacks and the collective record")
-    assert report["trajectory"]["replay_command"].endswith(f"{result.run_dir} --step 2")
-    record_evidence(report, f"straggler_w2_r{culprit}--areal-fsdp2-all-gather")
-    saved = launcher.root / "checkpoints" / getpass.getuser() / "gsm8k-grpo" / "th"
-    step_info = saved / "recover_info" / "step_info.json"
-    assert json.loads(step_info.read_text())["global_step"] == 1
-    before = sorted((p, p.stat().st_mtime_ns) for p in saved.rglob("*") if p.is_file())
-    replayed, seen = replay_watched(result.run_dir, "--step", "2", code=3)
-    assert f"replay weights: AReaL's recover checkpoint of step 1 ({step_info.parent})" in (
-        replayed.stdout
-    )
-    assert {"controller", "actor"} <= seen.roles and not seen.roles & ROLLOUT_SIDE
-    runs = launcher.root / "gsm8k-grpo"
-    replay_dir = runs / "th_replay2"
-    log = next((replay_dir / "watchdog" / "logs").glob("controller_*.log"))
-    assert "Recovering from StepInfo(" in log.read_text(errors="replace")
-    (again,) = read_reports(replay_dir)
-    assert (again["category"], again["culprit_ranks"]) == ("straggler", [culprit])
-    same_place = ("restart_positions() <- TinyQwen2ForCausalLM.forward()", "all_gather_single")
-    assert all(place in again["summary"] for place in same_place)
-    assert sorted((p, p.stat().st_mtime_ns) for p in saved.rglob("*") if p.is_file()) == before
-    # A healthy step re-sharded onto one rank: the controller splits the dumped batch anew.
-    replayed, _ = replay_watched(result.run_dir, "--step", "1", "--nproc", "1")
-    assert "(actor fsdp:d1, rollout bypassed)" in replayed.stdout
-    assert "holds step 1, not 0 (AReaL keeps the newest)" in replayed.stdout
-    log = next((runs / "th_replay1" / "watchdog" / "logs").glob("controller_*.log"))
-    assert "Train step 1/" in log.read_text(errors="replace")
-
-
-@needs_areal
-@needs_root
-@pytest.mark.slow
-@pytest.mark.parametrize("areal", ["2.0.0"], indirect=True)  # 1.0.4: the replay test above
-def test_a_data_dependent_hang_is_bisected_to_its_row_and_the_job_resumes_without_it(
-    launcher: Launcher, train_harness: Path, areal: str
-) -> None:
-    """``on_hang: resume`` on the single controller: after the report of the hang at global
-    step 2, the launcher replays the step on this node (it hangs the same way: the hang follows
-    the data), bisects its batch to the one poisoned row, quarantines it, and resumes from
-    AReaL's recover checkpoint of step 1 without it; the job completes by itself."""
+    """A data-dependent hang in the trainer, on the single controller with ``on_hang: resume``:
+    at global step 2 one DP rank spins in the model's own code over a sample, its peer waits in
+    FSDP's all-gather. After the report the launcher replays the step on this node from AReaL's
+    recover checkpoint of step 1, with no rollout; it hangs the same way (the hang follows the
+    data), so the batch is bisected to the one poisoned row, which is quarantined, and the job
+    resumes from the checkpoint without it and completes by itself. No replay writes a recover
+    checkpoint; a healthy dumped step then replays re-sharded onto one rank."""
     result = run_areal(
         launcher, train_harness, "tr", python=areal,
-        overrides=[*TWO_RANKS, *RECOVER, *RESUME, "total_train_steps=4"], timeout=900,
+        overrides=[*TWO_RANKS, *RECOVER, *RESUME, "total_train_steps=3"], timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, result.output[-4000:]
     (report,) = result.reports  # the replays report in their own run directories
     assert (report["category"], report["last_step"]) == ("straggler", 2)
     (culprit,) = report["culprit_ranks"]
+    same_place = ("restart_positions() <- TinyQwen2ForCausalLM.forward()", "all_gather_single")
+    assert f"while rank {1 - culprit} waits in all_gather_single" in report["summary"]
+    assert all(place in report["summary"] for place in same_place), report["summary"]
+    assert report["collectives"]["agreement"].startswith("the stacks and the collective record")
+    assert report["trajectory"]["replay_command"].endswith(f"{result.run_dir} --step 2")
     record_evidence(report, f"straggler_w2_r{culprit}--areal2-fsdp2-all-gather")
     recovery = report["recovery"]
     assert (recovery["decision"], recovery["resumes_after_step"]) == ("resume", 1)
     whole, *bisection = recovery["replays"]
     assert whole["groups"] is None and whole["hung"], recovery
     assert "restart_positions()" in whole["hang"] and "straggler" in whole["hang"]
+    assert_replayed_the_same_way(Path(whole["run_dir"]), culprit, same_place)
     assert bisection and bisection[-1]["hung"] and len(bisection[-1]["groups"]) == 1, recovery
     (row,) = recovery["rows_skipped"]
     assert "<|doc_sep|>" in row["prompt"] and row["group"] == bisection[-1]["groups"][0]
@@ -339,9 +299,9 @@ def test_a_data_dependent_hang_is_bisected_to_its_row_and_the_job_resumes_withou
     assert "## Recovery" in markdown and "Rows left out of the resumed run" in markdown
     assert "quarantine: 1 row(s) of the training data left out" in result.output
     assert "after 1 resume(s) the job completed" in result.output
-    # AReaL's line says "Train step 4/31": total_train_steps=4 caps it, and the teardown of
-    # its controller after step 4 (over 12 s under load) is no hang
-    assert "last step seen: step 4 of 4; the job's teardown counts as a hang after 300 s" in (
+    # AReaL's line says "Train step 3/31": total_train_steps=3 caps it, and the teardown of
+    # its controller after step 3 (over 12 s under load) is no hang
+    assert "last step seen: step 3 of 3; the job's teardown counts as a hang after 300 s" in (
         result.output
     )
     shown = subprocess.run(
@@ -351,6 +311,30 @@ def test_a_data_dependent_hang_is_bisected_to_its_row_and_the_job_resumes_withou
     assert "step 2: resume, time lost" in shown and "1 row(s) quarantined" in shown
     log = (result.run_dir / "watchdog" / "logs").glob("controller_*.log")
     assert "Recovering from StepInfo(" in next(log).read_text(errors="replace")
+    saved = launcher.root / "checkpoints" / getpass.getuser() / "gsm8k-grpo"
+    assert [p.parts[-3] for p in saved.glob("*/recover_info/step_info.json")] == ["tr"]
+    # A healthy step re-sharded onto one rank: the controller splits the dumped batch anew.
+    replayed, _ = replay_watched(result.run_dir, "--step", "1", "--nproc", "1")
+    assert "(actor fsdp:d1, rollout bypassed)" in replayed.stdout
+    assert "not 0 (AReaL keeps the newest)" in replayed.stdout
+    log = next((result.run_dir.parent / "tr_replay1" / "watchdog" / "logs").glob("controller_*"))
+    assert "Train step 1/" in log.read_text(errors="replace")
+
+
+def assert_replayed_the_same_way(replay_dir: Path, culprit: int, same_place: tuple) -> None:
+    """The whole step's replay loaded the recover checkpoint of the step before, ran the
+    controller and the actor but nothing of the rollout side, and its own report names the
+    same rank at the same place."""
+    said = (replay_dir / "areal-launch.log").read_text(errors="replace")
+    assert "replay weights: AReaL's recover checkpoint of step 1 (" in said, said[:2000]
+    logs = replay_dir / "watchdog" / "logs"
+    controller = next(logs.glob("controller_*.log")).read_text(errors="replace")
+    assert "Recovering from StepInfo(" in controller
+    (again,) = read_reports(replay_dir)
+    assert (again["category"], again["culprit_ranks"]) == ("straggler", [culprit])
+    assert all(place in again["summary"] for place in same_place), again["summary"]
+    roles = set(by_role(again))
+    assert {"controller", "actor"} <= roles and not roles & ROLLOUT_SIDE, roles
 
 
 def freeze_once(run_dir: Path, rank: int, after: str, done: threading.Event) -> None:
@@ -371,7 +355,7 @@ def freeze_once(run_dir: Path, rank: int, after: str, done: threading.Event) -> 
 @needs_areal
 @needs_root
 @pytest.mark.slow
-@pytest.mark.parametrize("areal", ["1.0.4"], indirect=True)  # 2.0.0: the replay test below
+@pytest.mark.parametrize("areal", ["1.0.4"], indirect=True)  # 2.0.0: the resume test above
 def test_spmd_rank_frozen_once_replays_clean_and_the_job_resumes(
     launcher: Launcher, harness: Path, areal: str
 ) -> None:
@@ -406,9 +390,13 @@ def test_spmd_rank_frozen_once_replays_clean_and_the_job_resumes(
 @needs_areal
 @needs_root
 @pytest.mark.slow
-def test_spmd_wedged_server_is_named(launcher: Launcher, harness: Path, areal: str) -> None:
+def test_spmd_wedged_server_is_named_and_a_dumped_step_replays_without_servers(
+    launcher: Launcher, harness: Path, areal: str
+) -> None:
     """AReaL's SPMD mode: its own server launcher first, name_resolve, then torchrun. The
-    inference server stops answering after its 6th request: rank 0 waits for rollouts."""
+    inference server stops answering after its 6th request: rank 0 waits for rollouts. The step
+    rank 0 dumped before (no edit of the script) replays with torchrun alone: no server
+    launcher, no inference server, no wait for name_resolve."""
     result = run_areal(
         launcher,
         harness,
@@ -428,32 +416,12 @@ def test_spmd_wedged_server_is_named(launcher: Launcher, harness: Path, areal: s
     assert report["ranks"][0]["rank"] == 0 and "inference_launcher" in roles
     assert report["summary"].startswith("Rank 0 is waiting for rollouts in prepare_batch()")
     record_evidence(report, "inference_wedged--areal-spmd", "rollout")
-
-
-@needs_areal
-@needs_root
-@pytest.mark.slow
-def test_spmd_dumps_from_the_ranks_and_replays_without_servers(
-    launcher: Launcher, harness: Path, areal: str
-) -> None:
-    """A healthy SPMD run dumps each step from its data-parallel head, with no edit of the
-    script; the replay of a step starts torchrun alone: no server launcher, no inference
-    server, no wait for name_resolve."""
-    result = run_areal(
-        launcher,
-        harness,
-        "spmdok",
-        python=areal,
-        overrides=["launch.mode=spmd", "total_train_steps=2"],
-    )
-    assert result.returncode == 0, result.output[-4000:]
     dumps = sorted(p.name for p in (result.run_dir / "debug_trajectories").glob("*.pt"))
-    assert dumps == ["step_000000_dp_0.pt", "step_000001_dp_0.pt"]
-    replayed, seen = replay_watched(result.run_dir, "--step", "1")
+    assert dumps == ["step_000000_dp_0.pt"]
+    replayed, seen = replay_watched(result.run_dir, "--step", "0")
     assert "inference-servers" not in replayed.stdout
-    assert "rank" in seen.roles
-    assert not seen.roles & ROLLOUT_SIDE
-    logs = launcher.root / "logs" / getpass.getuser() / "gsm8k-grpo" / "spmdok_replay1"
+    assert "rank" in seen.roles and not seen.roles & ROLLOUT_SIDE, seen.roles
+    logs = launcher.root / "logs" / getpass.getuser() / "gsm8k-grpo" / "spmd_replay0"
     trained = (logs / "trainer.log").read_text(errors="replace")
     assert trained.count("Train step ") == 1 and "Training completes!" in trained
 
@@ -461,6 +429,7 @@ def test_spmd_dumps_from_the_ranks_and_replays_without_servers(
 @needs_areal
 @needs_root
 @pytest.mark.slurm
+@pytest.mark.parametrize("areal", ["2.0.0"], indirect=True)  # 1.0.4: the same SlurmScheduler file
 def test_single_controller_on_slurm_one_report_across_nodes(
     launcher: Launcher, harness: Path, areal: str, loopback_slurm: tuple[list[str], dict]
 ) -> None:
@@ -499,6 +468,7 @@ def test_single_controller_on_slurm_one_report_across_nodes(
 @needs_areal
 @needs_root
 @pytest.mark.slurm
+@pytest.mark.parametrize("areal", ["1.0.4"], indirect=True)  # 2.0.0: + a post-exit hook
 def test_spmd_on_slurm_servers_and_trainer_in_one_job(
     launcher: Launcher, harness: Path, areal: str, loopback_slurm: tuple[list[str], dict]
 ) -> None:

@@ -6,6 +6,7 @@ trains)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,16 @@ from test_areal import AREAL, needs_areal, needs_root, run_areal
 from conftest import Launcher
 
 pytestmark = [needs_areal, needs_root, pytest.mark.slow]
+
+
+def one_release(version: str) -> pytest.MarkDecorator:
+    """Each scenario runs on one AReaL release, the releases taking turns, unless
+    ``AREAL_WATCHDOG_TEST_BOTH_RELEASES=1``: both releases on every scenario add about ten
+    minutes of real runs, which the suite's 40-minute budget has no room for (both releases run
+    both modes in ``tests/test_areal.py``)."""
+    both = os.environ.get("AREAL_WATCHDOG_TEST_BOTH_RELEASES") == "1"
+    releases = ["1.0.4", "2.0.0"] if both else [version]
+    return pytest.mark.parametrize("areal", releases, indirect=True)
 
 
 def make_harness(root: Path, *marks: str) -> Path:
@@ -38,6 +49,7 @@ def harnesses(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
+@one_release("2.0.0")
 def test_an_early_exit_on_one_rank_is_a_cleanup_deadlock_of_that_rank(
     launcher: Launcher, harnesses: dict[str, Path], areal: str
 ) -> None:
@@ -58,6 +70,7 @@ def test_an_early_exit_on_one_rank_is_a_cleanup_deadlock_of_that_rank(
     record_evidence(report, f"cleanup_deadlock_w2_r{culprit}--areal-early-exit")
 
 
+@one_release("1.0.4")
 def test_a_controller_exception_is_the_summary(
     launcher: Launcher, harnesses: dict[str, Path], areal: str
 ) -> None:
@@ -82,6 +95,7 @@ def test_a_controller_exception_is_the_summary(
     record_evidence(report, "rank_crashed_w1_r--areal-controller-exception")
 
 
+@one_release("2.0.0")
 def test_a_reward_function_that_never_returns_is_named_with_its_pool_process(
     launcher: Launcher, harnesses: dict[str, Path], areal: str
 ) -> None:
@@ -106,6 +120,7 @@ def test_a_reward_function_that_never_returns_is_named_with_its_pool_process(
     record_evidence(report, "reward_stuck--areal-single-controller", "rollout")
 
 
+@one_release("2.0.0")
 def test_a_slow_phase_the_job_has_seen_before_is_no_hang_and_a_small_capacity_trains(
     launcher: Launcher, harnesses: dict[str, Path], areal: str
 ) -> None:
@@ -124,6 +139,7 @@ def test_a_slow_phase_the_job_has_seen_before_is_no_hang_and_a_small_capacity_tr
     assert "job completed (last step 3)" in result.output
 
 
+@one_release("1.0.4")
 def test_the_staleness_trap_the_preflight_refuses_really_hangs(
     launcher: Launcher, harnesses: dict[str, Path], areal: str
 ) -> None:

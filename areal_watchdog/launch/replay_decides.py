@@ -82,8 +82,10 @@ class LocalReplayHost:
 
     def run(self, request: ReplayRequest) -> tuple[int, str, str]:
         local = LocalBackend()
-        plan = local.plan(plan_replay_config(request).config, watchdog=True)
-        log = io.StringIO()
+        replay = plan_replay_config(request)
+        plan = local.plan(replay.config, watchdog=True)
+        log = io.StringIO(replay.headline(request.run_dir))
+        log.seek(0, io.SEEK_END)
         code = local.execute(plan, log)
         return code, plan.run_dir, log.getvalue()
 

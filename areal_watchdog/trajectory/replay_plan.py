@@ -126,6 +126,15 @@ class ReplayConfig:
         nproc = self.config.launch.nproc_per_node
         return f"{nproc} rank{'' if nproc == 1 else 's'}"
 
+    def headline(self, run_dir: Path | str) -> str:
+        """What a replay says first, on the terminal and at the top of its log: which steps of
+        which run, as which trial, and whose weights."""
+        said = (
+            f"[areal-launch] replaying step(s) {format_ranks(self.steps)} of {run_dir} as trial "
+            f"{self.config.trial_name} ({self.trainers}, rollout bypassed)\n"
+        )
+        return said + (f"[areal-launch] replay weights: {self.weights}\n" if self.weights else "")
+
 
 def plan_replay_config(request: ReplayRequest) -> ReplayConfig:
     """The replay run's config, steps and weights."""
