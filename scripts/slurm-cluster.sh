@@ -6,15 +6,19 @@
 #   bash scripts/slurm-cluster.sh up       # install if needed (root), start, wait until idle
 #   bash scripts/slurm-cluster.sh status
 #   bash scripts/slurm-cluster.sh down     # stop the daemons it started, remove its state
+#   bash scripts/slurm-cluster.sh munge    # only munged (for clusters side by side; `down` ends it)
 #
 # Clients find the cluster through SLURM_CONF: `up` prints the line to export. State lives in
 # $AREAL_SLURM_DIR (default /tmp/areal-slurm). Nothing listens beyond 127.0.0.1's ports
-# 16817 (controller) and 17001-17004 (the nodes). AREAL_SLURM_NODES=N makes N nodes instead.
+# 16817 (controller) and 17001-17004 (the nodes). AREAL_SLURM_NODES=N makes N nodes instead;
+# AREAL_SLURM_FIRST_JOB_ID=N numbers its jobs from N (clusters side by side never share a job id,
+# which names a job's processes in their environment).
 set -euo pipefail
 DIR="${AREAL_SLURM_DIR:-/tmp/areal-slurm}"
 CONF="$DIR/slurm.conf"
 CPUS="$(nproc)"
 NODES="${AREAL_SLURM_NODES:-4}"
+FIRST_JOB_ID="${AREAL_SLURM_FIRST_JOB_ID:-1}"
 MEM_MB="$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / 4 ))"
 
 log() { echo "[slurm-cluster] $*" >&2; }
@@ -62,6 +66,7 @@ KillWait=10
 InactiveLimit=0
 SlurmdTimeout=30
 MpiDefault=none
+FirstJobId=$FIRST_JOB_ID
 $(for i in $(seq 1 "$NODES"); do
   echo "NodeName=node$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((17000 + i)) CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN"
 done)
@@ -143,7 +148,8 @@ down() {
 case "${1:-}" in
   install) install_packages ;;
   up) up ;;
+  munge) mkdir -p "$DIR"; start_munge ;;
   down) down ;;
   status) SLURM_CONF="$CONF" sinfo && SLURM_CONF="$CONF" squeue ;;
-  *) echo "usage: $0 install|up|down|status" >&2; exit 2 ;;
+  *) echo "usage: $0 install|up|munge|down|status" >&2; exit 2 ;;
 esac

@@ -1,6 +1,7 @@
-"""The real AReaL package launched by ``areal-launch``, on a CPU, in both of its modes, each
-test against both releases users run (``areal``: 1.0.4 from PyPI in ``.venv``; 2.0.0, built from
-its ``v2.0.0`` tag, in ``.venv-areal2``: ``scripts/setup.sh --areal``; docs/areal.md).
+"""The real AReaL package launched by ``areal-launch``, on a CPU, in both of its modes, against
+both releases users run (``areal``: 1.0.4 from PyPI in ``.venv``; 2.0.0, built from its
+``v2.0.0`` tag, in ``.venv-areal2``: ``scripts/setup.sh --areal``), the longest runs taking turns
+between them (docs/areal.md).
 
 What runs for real: AReaL's GRPO trainer (``PPOTrainer``) with its local scheduler, ``rpc_server``
 workers, FSDP engine on gloo, ``RemoteSGLangEngine`` client, workflow executor, staleness
@@ -115,7 +116,12 @@ def loopback_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[l
     name = f"areal-lo-{os.getpid()}"
     state = tmp_path_factory.mktemp("slurm-lo")
     enter = ["nsenter", f"--net=/var/run/netns/{name}"]
-    env = {**os.environ, "AREAL_SLURM_DIR": str(state), "SLURM_CONF": str(state / "slurm.conf")}
+    env = {
+        **os.environ,
+        "AREAL_SLURM_DIR": str(state),
+        "SLURM_CONF": str(state / "slurm.conf"),
+        "AREAL_SLURM_FIRST_JOB_ID": "500000",
+    }  # never the default cluster's (test_slurm.py)
     env["PATH"] = f"{AREAL / 'harness' / 'bin'}:{env['PATH']}"
     subprocess.run(["bash", str(LOOPBACK_SCRIPT), "--create", name], check=True)
     try:

@@ -7,12 +7,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shlex
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -62,10 +64,13 @@ def ray_launcher(launcher: Launcher) -> Iterator[Launcher]:
 
 
 @pytest.fixture
-def existing_ray(tmp_path: Path) -> Iterator[tuple[list[str], OwnCluster]]:
+def existing_ray(tmp_path: Path) -> Iterator[ExistingCluster]:
     """A two-node Ray cluster that was there before the run, as a team's is, in a loopback-only
-    network namespace of its own: (the prefix that enters it, the cluster). Ended, namespace
-    included, whatever the test did: every process of its session and of its raylets."""
+    network namespace of its own, with Ray's token authentication on (a token of its own, never
+    ``~/.ray``'s). Ended, namespace included, whatever the test did: every process of its
+    session and of its raylets."""
+    token = secrets.token_hex(32)
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
     name = f"ray-lo-{os.getpid()}"
     enter = ["nsenter", f"--net=/var/run/netns/{name}"]
     cluster = OwnCluster.plan(RaySection(gpus_per_node=1), 2, f"x{os.getpid()}")
@@ -79,11 +84,12 @@ def existing_ray(tmp_path: Path) -> Iterator[tuple[list[str], OwnCluster]]:
     session = subprocess.Popen(
         [*enter, "bash", "-c", f"{starts} & wait"], start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=(tmp_path / "ray-start.log").open("w"),
-        env=cluster_environment(),  # no token auth, whatever ~/.ray holds (docs/ray.md)
+        env={**cluster_environment(), **auth},
     )  # fmt: skip
+    existing = ExistingCluster(enter, cluster, auth)
     try:
-        assert "2" in in_cluster(enter, cluster, "print(alive(ray))", timeout=90)
-        yield enter, cluster
+        assert "2" in existing.run("print(alive(ray))", timeout=90)
+        yield existing
     finally:
         raylets = {str(p.pid) for p in _session(session.pid) if p.name() == "raylet"}
         for proc in [*_session(session.pid), *_started_by(raylets)]:
@@ -117,13 +123,24 @@ while True:
 """
 
 
-def in_cluster(enter: list[str], cluster: OwnCluster, code: str, timeout: float = 10) -> str:
-    """What ``code`` prints, run as a driver of the cluster (``ray`` connected, 2 nodes up)."""
-    gcs = f"127.0.0.1:{cluster.gcs_port}"
-    probe = [*enter, sys.executable, "-c", CLUSTER_PROBE + code, gcs, str(timeout)]
-    return subprocess.run(
-        probe, capture_output=True, text=True, timeout=timeout + 60, env=cluster_environment()
-    ).stdout
+@dataclass(frozen=True)
+class ExistingCluster:
+    """The fixture's cluster: the prefix that enters its namespace, its ports, and what a
+    client needs in its environment to be let in (Ray's token auth)."""
+
+    enter: list[str]
+    cluster: OwnCluster
+    auth: dict[str, str]
+
+    def run(self, code: str, timeout: float = 10) -> str:
+        """What ``code`` prints, run as a driver of the cluster (``ray`` connected, 2 nodes
+        up)."""
+        gcs = f"127.0.0.1:{self.cluster.gcs_port}"
+        probe = [*self.enter, sys.executable, "-c", CLUSTER_PROBE + code, gcs, str(timeout)]
+        env = {**cluster_environment(), **self.auth}
+        return subprocess.run(
+            probe, capture_output=True, text=True, timeout=timeout + 60, env=env
+        ).stdout
 
 
 def _session(sid: int) -> list[psutil.Process]:
@@ -236,16 +253,23 @@ def test_what_the_ray_backend_cannot_run_is_refused_in_one_line(
 @needs_root
 @pytest.mark.slow
 def test_a_wedged_server_on_an_existing_clusters_node_is_named_and_only_the_job_stopped(
-    ray_launcher: Launcher, ray_harness: Path, existing_ray: tuple[list[str], OwnCluster]
+    ray_launcher: Launcher, ray_harness: Path, existing_ray: ExistingCluster
 ) -> None:
-    """On a cluster that was there before (RAY_ADDRESS: its Jobs API), the inference server on
-    one Ray node stops answering after its 6th request while the trainer on the other waits for
+    """On a cluster that was there before (RAY_ADDRESS: its Jobs API; Ray's token auth on, the
+    token in the launcher's environment as Ray's docs say), the inference server on one Ray
+    node stops answering after its 6th request while the trainer on the other waits for
     rollouts. One report names the server and its node; the Ray job is stopped through the Jobs
-    API; nothing of the run is left, and the cluster is as it was: both nodes up, no sidecar."""
-    enter, cluster = existing_ray
+    API; nothing of the run is left, and the cluster is as it was: both nodes up, no sidecar.
+    The token is nowhere in what the launcher printed or wrote."""
+    enter, cluster = existing_ray.enter, existing_ray.cluster
+    ask = f"import urllib.request as u\ntry: u.urlopen('{cluster.address}/api/version')\n" + (
+        "except Exception as e: print(getattr(e, 'code', e))"
+    )
+    tokenless = [*enter, sys.executable, "-c", ask]
+    assert subprocess.run(tokenless, capture_output=True, text=True).stdout.strip() == "401"
     result = run_areal(
         ray_launcher, ray_harness, "ray", python=sys.executable, backend="ray", prefix=enter,
-        env={"RAY_ADDRESS": cluster.address},
+        env={"RAY_ADDRESS": cluster.address, **existing_ray.auth},
         overrides=[*TWO_NODES, "+launch.env.AREAL_STANDIN_WEDGE_AFTER=6"],
     )  # fmt: skip
     assert result.returncode == 3, result.output[-4000:]
@@ -260,8 +284,12 @@ def test_a_wedged_server_on_an_existing_clusters_node_is_named_and_only_the_job_
     assert {culprit["node"], rank0["node"]} == set(nodes), report["ranks"]
     record_evidence(report, "inference_wedged--areal-spmd-ray", "rollout")
     assert the_run_is_gone(result.run_dir, within=20) == []
-    left = in_cluster(enter, cluster, "print(alive(ray), ray.util.list_named_actors(True))")
+    left = existing_ray.run("print(alive(ray), ray.util.list_named_actors(True))")
     assert left.split(" ", 1)[0] == "2" and "sidecar-" not in left, left
+    token = existing_ray.auth["RAY_AUTH_TOKEN"]
+    assert token not in result.output
+    written = [p for p in result.run_dir.rglob("*") if p.is_file()]
+    assert written and [p for p in written if token in p.read_text("latin-1")] == []
 
 
 @needs_areal
