@@ -45,6 +45,7 @@ from areal_watchdog.config.areal import parse_allocation
 from areal_watchdog.config.load import load_config
 from areal_watchdog.launch.local import LocalBackend
 from conftest import REPO, Launcher, LaunchResult, processes_under, read_reports
+from slurm_cluster import wait_until
 
 AREAL = REPO / "examples" / "areal"
 CONFIG = AREAL / "gsm8k_grpo.yaml"
@@ -513,9 +514,13 @@ def test_areal_jobs_are_cancelled_by_name(loopback_slurm: tuple[list[str], dict]
     out = subprocess.run([*enter, sys.executable, "-c", cancel], env=env, capture_output=True,
                          text=True, check=True)  # fmt: skip
     assert out.stdout.strip() == "2"
-    left = subprocess.run([*enter, "squeue", "-h", "-o", "%j"], env=env, capture_output=True,
-                          text=True)  # fmt: skip
-    assert left.stdout.split() == ["exp_t10:actor"]
+    # A cancelled job is listed as completing (CG) until its step is killed: not yet gone
+    queued = [*enter, "squeue", "-h", "-t", "PENDING,RUNNING", "-o", "%j"]
+
+    def left() -> list[str]:
+        return subprocess.run(queued, env=env, capture_output=True, text=True).stdout.split()
+
+    assert wait_until(lambda: left() == ["exp_t10:actor"], 20), left()
     subprocess.run([*enter, "scancel", "-n", "exp_t10:actor"], env=env, capture_output=True)
 
 
