@@ -4,6 +4,7 @@ leader is replaced, and how an evidence request reaches the followers."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -90,6 +91,25 @@ def test_an_evidence_request_rides_in_the_leaders_status(tmp_path: Path) -> None
         follower.answer(request_id, {"ranks": []})
     answers = nodes[0].collect(request_id, NODES[1:], timeout=5)
     assert sorted(answers) == sorted(NODES[1:])
+
+
+def test_a_leader_waiting_for_answers_longer_than_the_node_timeout_stays_alive(
+    tmp_path: Path,
+) -> None:
+    """A follower that has not answered yet (its py-spy is slow) must not take the waiting
+    leader for lost: the leader goes on publishing while it collects."""
+    nodes = cluster(tmp_path, timeout=0.3)
+    tick(nodes)
+    leader, follower = nodes[0], nodes[1]
+    request_id = leader.request_evidence("stall")
+    waiting = threading.Thread(target=leader.collect, args=(request_id, NODES[1:], 1.0))
+    waiting.start()  # 3x the node timeout, no answer
+    leaders = set()
+    while waiting.is_alive():
+        follower.refresh()
+        leaders.add(follower.leader())
+        time.sleep(0.05)
+    assert leaders == {"n0"}
 
 
 def test_nodes_join_a_dynamic_job_when_they_publish(tmp_path: Path) -> None:

@@ -204,7 +204,9 @@ class Coordinator:
     ) -> dict[str, dict[str, Any]]:
         """The answers that arrive from ``nodes`` within ``timeout`` seconds. One directory
         listing per look, then a read per new answer; looks grow sparser (up to
-        ``COLLECT_POLL_MAX``) so that a thousand answers cost a thousand reads, not a million."""
+        ``COLLECT_POLL_MAX``) so that a thousand answers cost a thousand reads, not a million.
+        The status goes on being published meanwhile: a wait longer than ``node_timeout``
+        would otherwise make this node look lost to the nodes it waits for."""
         directory = self.layout.watch_dir / "evidence" / request_id
         deadline = time.monotonic() + timeout
         wanted = set(nodes)
@@ -216,7 +218,8 @@ class Coordinator:
                     answers[node] = record
             if len(answers) == len(wanted) or time.monotonic() >= deadline:
                 return answers
-            time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+            self.publish(self.last_status)  # when due
+            time.sleep(min(poll, self.interval, max(0.0, deadline - time.monotonic())))
             poll = min(COLLECT_POLL_MAX, poll * 2)
 
     def claim(self, key: str) -> bool:
