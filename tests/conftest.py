@@ -125,17 +125,17 @@ class Launcher:
             pytest.fail(f"areal-launch did not finish within {timeout} s:\n{output[-4000:]}")
         return LaunchResult(proc.returncode, output, run_dir, read_reports(run_dir))
 
-    def cleanup(self) -> list[int]:
-        """Kill every process this launcher started; return the pids that were still alive."""
+    def cleanup(self) -> list[str]:
+        """Kill every process this launcher started; return those still alive (pid, command)."""
         leftovers = []
         for proc in self.popens:
             if proc.poll() is None:
-                leftovers.append(proc.pid)
+                leftovers.append(f"{proc.pid} {proc.args}")
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         for proc in processes_under(self.root):
-            leftovers.append(proc.pid)
             with contextlib.suppress(psutil.Error):
+                leftovers.append(f"{proc.pid} {' '.join(proc.cmdline())[:300]}")
                 proc.kill()
         return leftovers
 

@@ -437,37 +437,45 @@ def test_spmd_wedged_server_is_named_and_a_dumped_step_replays_without_servers(
 @needs_root
 @pytest.mark.slurm
 @pytest.mark.parametrize("areal", ["2.0.0"], indirect=True)  # 1.0.4: the same SlurmScheduler file
-def test_single_controller_on_slurm_one_report_across_nodes(
+def test_single_controller_on_slurm_one_report_across_nodes_resumed_elsewhere_until_it_recurs(
     launcher: Launcher, harness: Path, areal: str, loopback_slurm: tuple[list[str], dict]
 ) -> None:
     """The controller here, AReaL's Slurm scheduler submits the actor job to node1 and the
-    rollout job to node2 (through the singularity stand-in); every task starts a standby
+    rollout job to another node (through the singularity stand-in); every task starts a standby
     sidecar. One report names the controller here, the actor on node1 and the stuck rollout
-    worker on node2; AReaL's jobs are cancelled with the run."""
+    worker on node2. With ``on_hang: resume``: the dumped step replays on a node other than node2
+    without hanging (the hang is on the rollout side), so AReaL's jobs are submitted again
+    without node2; the rollout worker, now on node3, sticks on the same row at the same step,
+    and the launcher stops there. AReaL's jobs are cancelled with the run."""
     enter, env = loopback_slurm
     result = run_areal(
-        launcher,
-        harness,
-        "onslurm",
-        python=areal,
+        launcher, harness, "onslurm", python=areal, timeout=720,
         overrides=[f"actor.scheduling_spec=[{SPEC}, nodelist: node1}}]",
-         f"rollout.scheduling_spec=[{SPEC}, nodelist: node2}}]"],
-        backend="slurm",
-        prefix=enter,
-        env=env,
+                   f"rollout.scheduling_spec=[{SPEC}, exclude: node1}}]", *RECOVER, *RESUME],
+        backend="slurm", prefix=enter, env=env,
     )  # fmt: skip
     assert result.returncode == 3, result.output[-4000:]
-    (report,) = result.reports  # one report for the job, none for the nodes it then cancels
-    assert (report["category"], report["cause"]) == ("rollout_stalled", "workflow_stuck")
-    assert report["job"]["backend"] == "slurm"
-    assert {"node1", "node2"} <= set(report["job"]["nodes"])
-    roles = by_role(report)
-    assert roles["controller"][0]["node"] == socket.gethostname()
-    assert roles["actor"][0]["node"] == "node1" and roles["rollout"][0]["node"] == "node2"
-    assert [w for w in report["workers"] if "areal_watchdog/" in w["where"]] == []  # our sidecars
-    (culprit,) = report["culprit_workers"]
+    first, again = result.reports  # one report per hang, none for the nodes it then cancels
+    for report in (first, again):
+        assert (report["category"], report["cause"]) == ("rollout_stalled", "workflow_stuck")
+        assert report["job"]["backend"] == "slurm"
+        roles = by_role(report)
+        assert roles["controller"][0]["node"] == socket.gethostname()
+        assert roles["actor"][0]["node"] == "node1"
+        assert [w for w in report["workers"] if "areal_watchdog/" in w["where"]] == []  # ours
+    (culprit,) = first["culprit_workers"]
     assert (culprit["role"], culprit["node"]) == ("rollout", "node2")
-    assert report["culprit_nodes"] == ["node2"]
+    assert first["culprit_nodes"] == ["node2"] and {"node1", "node2"} <= set(first["job"]["nodes"])
+    recovery = first["recovery"]
+    assert recovery["decision"] == "resume" and recovery["nodes_excluded"] == ["node2"]
+    (replayed,) = recovery["replays"]
+    assert (replayed["hung"], replayed["exit_code"]) == (False, 0), recovery
+    watched = [p.stem for p in (Path(replayed["run_dir"]) / "watchdog" / "status").glob("*.json")]
+    assert len(watched) == 1 and watched != ["node2"], watched  # the replay's own node
+    (culprit,) = again["culprit_workers"]
+    assert (culprit["role"], culprit["node"]) == ("rollout", "node3")
+    assert again["recovery"]["decision"] == "stop"
+    assert "the same hang came back after a resume" in again["recovery"]["reason"]
     jobs = subprocess.run([*enter, "squeue", "-h"], env=env, capture_output=True, text=True)
     assert jobs.stdout.strip() == ""
 
@@ -476,25 +484,43 @@ def test_single_controller_on_slurm_one_report_across_nodes(
 @needs_root
 @pytest.mark.slurm
 @pytest.mark.parametrize("areal", ["1.0.4"], indirect=True)  # 2.0.0: + a post-exit hook
-def test_spmd_on_slurm_servers_and_trainer_in_one_job(
+def test_spmd_on_slurm_one_job_a_wedged_server_named_and_resumed_without_its_node(
     launcher: Launcher, harness: Path, areal: str, loopback_slurm: tuple[list[str], dict]
 ) -> None:
     """SPMD on Slurm in one job: node1 runs AReaL's server launcher, node2 waits for the
-    registration, then torchrun. The server wedges; the report names it on node1."""
+    registration, then torchrun. The server wedges (once); the report names it on node1. With
+    ``on_hang: resume``, the dumped step replays on a node other than node1 without hanging, so
+    the job is submitted again without node1 and completes from AReaL's recover checkpoint."""
     enter, env = loopback_slurm
     result = run_areal(
-        launcher, harness, "spmdslurm", python=areal,
-        overrides=["launch.mode=spmd", "cluster.n_nodes=2",
-                   "+launch.env.AREAL_STANDIN_WEDGE_AFTER=6", "+launch.slurm.mem=3G", "--wait"],
+        launcher, harness, "spmdslurm", python=areal, timeout=720,
+        overrides=["launch.mode=spmd", "cluster.n_nodes=2", *RECOVER, *RESUME,
+                   "total_train_steps=3", "+launch.env.AREAL_STANDIN_WEDGE_AFTER=6",
+                   f"+launch.env.AREAL_STANDIN_WEDGE_ONCE={launcher.root / 'wedged'}",
+                   "+launch.slurm.mem=3G", "--wait"],
         backend="slurm", prefix=enter, env=env,
     )  # fmt: skip
-    assert result.returncode == 3, result.output[-4000:]
+    assert result.returncode == 0, result.output[-4000:]
     (report,) = result.reports
     assert (report["category"], report["cause"]) == ("rollout_stalled", "inference_wedged")
     (culprit,) = report["culprit_workers"]
     assert (culprit["role"], culprit["node"]) == ("inference_server", "node1")
     assert report["ranks"][0]["node"] == "node2"
     assert report["culprit_nodes"] == ["node1"]
+    recovery = report["recovery"]
+    assert recovery["decision"] == "resume" and recovery["nodes_excluded"] == ["node1"]
+    (replayed,) = recovery["replays"]
+    assert (replayed["hung"], replayed["exit_code"]) == (False, 0), recovery
+    watched = [p.stem for p in (Path(replayed["run_dir"]) / "watchdog" / "status").glob("*.json")]
+    assert len(watched) == 1 and watched != ["node1"], watched  # the replay's own node
+    assert "after 1 resume(s) the job completed" in result.output
+    resumed = json.loads((result.run_dir / "watchdog" / "slurm_job.json").read_text())["job_id"]
+    shown = subprocess.run([*enter, "scontrol", "show", "job", "-o", resumed], env=env,
+                           capture_output=True, text=True).stdout  # fmt: skip
+    assert re.search(r" NodeList=node\[?[2-4]", shown) and "ExcNodeList=node1" in shown, shown
+    submitit = result.run_dir / "watchdog" / "logs" / "submitit"
+    logs = [p.read_text(errors="replace") for p in submitit.glob(f"{resumed}_*_log.out")]
+    assert any("Recovering from StepInfo(" in log for log in logs)
     jobs = subprocess.run([*enter, "squeue", "-h"], env=env, capture_output=True, text=True)
     assert jobs.stdout.strip() == ""
 

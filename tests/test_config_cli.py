@@ -82,6 +82,7 @@ def test_override_of_unknown_key_says_how_to_add_it(config_file: Path) -> None:
         ("+watchdog.startup_timeout=-1", "watchdog.startup_timeout", "must be positive"),
         ("+launch.nproc_per_node=four", "launch.nproc_per_node", "whole number"),
         ("watchdog.on_hang=explode", "watchdog.on_hang", "report, cancel"),
+        ("+watchdog.resume.allocation=old", "watchdog.resume.allocation", "new, same"),
         ("+watchdog.step_regex=step", "watchdog.step_regex", "group"),
         ("experiment_name=my_exp", "experiment_name", "may not contain '_'"),
         ("+watchdog.auto_factor=0.5", "watchdog.auto_factor", "must be at least 1, got 0.5"),

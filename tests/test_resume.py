@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from areal_watchdog.launch.resume_policy import Hang, decide
 from conftest import DEMO_CONFIG, FAST, REPO, Launcher
@@ -155,8 +156,16 @@ def test_dry_run_shows_what_a_resume_runs_and_what_is_refused_says_why(
     assert main(["--watchdog", "slurm", str(DEMO_CONFIG), "watchdog.on_hang=resume", "--wait",
                  "--dry-run"]) == 0  # fmt: skip
     shown = capsys.readouterr().out
-    assert "in a new allocation without the nodes a transient hang named" in shown
+    assert "in a new allocation (--exclude) without the nodes a transient hang named" in shown
     assert "replayed on a node of a one-node Slurm allocation the hangs did not name" in shown
+    # The same allocation: the job's steps end after a hang, the batch script waits and runs
+    # them again (its teardown lines say so); not for AReaL's single controller.
+    same = ["watchdog.on_hang=resume", "+watchdog.resume.allocation=same", "--wait", "--dry-run"]
+    assert main(["--watchdog", "slurm", str(DEMO_CONFIG), *same]) == 0
+    shown = capsys.readouterr().out
+    assert "as a new step of the same allocation (watchdog.resume.allocation: same)" in shown
+    assert "slurm_teardown_same_allocation.sh" in shown
+    assert "on a node of the job's allocation the hangs did not name" in shown
     # An AReaL job restarts from AReaL's recover checkpoint: a config that never writes one
     # is refused (the example's recover.mode is disabled).
     areal = REPO / "examples" / "areal" / "gsm8k_grpo.yaml"
@@ -168,6 +177,25 @@ def test_dry_run_shows_what_a_resume_runs_and_what_is_refused_says_why(
     shown = capsys.readouterr().out
     assert "runs again from AReaL's recover checkpoint of the trial" in shown
     assert "AREAL_WATCHDOG_QUARANTINE=<RUN_DIR/quarantine.json" in shown
+    # AReaL's single controller on Slurm: its own scheduler submits the jobs again, told the
+    # nodes to leave out through every scheduling spec (no --wait: the controller runs here).
+    recover = ["recover.mode=auto", "+recover.freq_steps=1", "+launch.slurm.exclude=node9"]
+    assert main(["--watchdog", "slurm", str(areal), "watchdog.on_hang=resume", *recover,
+                 "--dry-run"]) == 0  # fmt: skip
+    shown = capsys.readouterr().out
+    assert "AReaL's jobs submitted again (their scheduling_spec's exclude) without" in shown
+    assert "AReaL's jobs exclude node(s) node9 (launch.slurm.exclude)" in shown
+    assert main(["--watchdog", "slurm", str(areal), *recover, *same[:2], "--dry-run"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "AReaL's single controller submits its own jobs" in error[0]
+    from areal_watchdog.config.load import load_config
+    from areal_watchdog.launch.slurm.backend import SlurmBackend
+
+    plan = SlurmBackend().plan(load_config(areal, recover), watchdog=True)
+    (tree,) = [yaml.safe_load(text) for path, text in plan.files.items()
+               if path.endswith("job_config.yaml")]  # fmt: skip
+    assert tree["rollout"]["scheduling_spec"][0]["exclude"] == "node9"  # what AReaL submits
+    assert tree["actor"]["scheduling_spec"][0]["exclude"] == "node9"
 
 
 def test_a_slurm_replay_asks_one_node_the_hangs_did_not_name(tmp_path: Path) -> None:

@@ -377,3 +377,40 @@ def test_a_transient_hang_resumes_in_a_new_allocation_without_the_culprit_node(
     assert main(["status", str(run_dir)]) == 0
     assert f"nodes excluded {culprit}" in capsys.readouterr().out
     assert "after 1 resume(s) the job completed" in output
+
+
+@pytest.mark.slurm
+def test_a_transient_hang_resumes_in_the_same_allocation_when_the_config_says_so(
+    runs: SlurmRuns, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``resume.allocation: same``: rank 3 (node2) of a two-node job freezes once at step 3. The
+    watchdog ends the job's steps, not the job: its batch script keeps the allocation and waits.
+    The launcher replays step 3 as a step of that allocation on node1 (the node the hang did not
+    name), then the batch script runs the sidecars and the job's step again on both nodes; the
+    job completes as the one job it was submitted as."""
+    checkpoint = runs.root / "ckpt.json"
+    proc = runs.launch(
+        "same", "watchdog.on_hang=resume", "+watchdog.resume.backoff=0",
+        "+watchdog.resume.allocation=same", "demo.hang=collective_stuck", "demo.hang_rank=3",
+        "+demo.hang_once=true", f"+demo.checkpoint={checkpoint}", "+demo.record=true",
+    )  # fmt: skip
+    job_id = runs.job_id("same")
+    run_dir = runs.root / "slurm-test" / "same"
+    code, output = runs.finish(proc, timeout=300)
+    assert code == 0, output
+    (report,) = read_reports(run_dir)
+    assert report["culprit_ranks"] == [3] and report["culprit_nodes"] == ["node2"]
+    recovery = report["recovery"]
+    assert recovery["allocation"] == f"same (job {job_id})" and recovery["nodes_excluded"] == []
+    (replayed,) = recovery["replays"]
+    assert (replayed["hung"], replayed["exit_code"]) == (False, 0), recovery
+    watched = [p.stem for p in (Path(replayed["run_dir"]) / "watchdog" / "status").glob("*.json")]
+    assert watched == ["node1"], watched
+    assert f"replaying step 3 (the whole batch) on a node of job {job_id}'s allocation" in output
+    assert f"resuming in job {job_id}'s allocation" in output
+    assert json.loads((run_dir / "watchdog" / "slurm_job.json").read_text())["job_id"] == job_id
+    assert job_state(job_id).get("JobState") == "COMPLETED"
+    assert json.loads(checkpoint.read_text())["step"] == 6  # all steps, the last ones there
+    assert "after 1 resume(s) the job completed" in output
+    assert main(["status", str(run_dir)]) == 0
+    assert f"allocation same (job {job_id})" in capsys.readouterr().out

@@ -103,6 +103,7 @@ class WatchdogSection:
     resume_max_attempts: int = 3  # on_hang=resume: relaunches of one run, at most
     resume_backoff: float = 10.0  # seconds before the first relaunch, doubled for each next
     resume_max_replays: int = 6  # replays of one hang's step: the whole batch, then bisection
+    resume_allocation: str = "new"  # Slurm: resume in a new allocation, or in the same one
     node_timeout: float = 10.0
     evidence_timeout: float = 10.0
     debug_env: dict[str, str] = field(default_factory=dict)

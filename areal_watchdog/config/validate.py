@@ -44,7 +44,7 @@ WATCHDOG_KEYS = {
 }  # fmt: skip
 GPU_KEYS = {"backend", "recording", "idle_utilization", "spin_power_fraction", "idle_timeout"}
 TRAJECTORY_KEYS = {"enabled", "max_keep", "pin_steps", "dump_steps"}
-RESUME_KEYS = {"max_attempts", "backoff", "max_replays"}
+RESUME_KEYS = {"max_attempts", "backoff", "max_replays", "allocation"}
 # watchdog.<key> (or watchdog.gpu.<key>) -> the smallest value that makes sense
 SECONDS = {
     "startup_timeout": 1e-9,
@@ -292,5 +292,8 @@ def _resume(check: Checker, tree: dict[str, Any]) -> dict[str, Any]:
         ),
         "resume_max_replays": check.integer(
             tree, "watchdog.resume.max_replays", default(WatchdogSection, "resume_max_replays"), 1
+        ),
+        "resume_allocation": check.choice(
+            tree, "watchdog.resume.allocation", ("new", "same"), "new"
         ),
     }

@@ -14,6 +14,7 @@ class Backend(Protocol):
     """A place to run a job: this machine, a Slurm cluster, ..."""
 
     name: str
+    allocation: str | None  # Slurm: the job whose allocation a resume runs in (allocation: same)
 
     def plan(self, config: JobConfig, watchdog: bool, run_id: str | None = None) -> LaunchPlan:
         """Everything the launch will do; raises ConfigError before anything exists."""
@@ -21,6 +22,10 @@ class Backend(Protocol):
 
     def execute(self, plan: LaunchPlan, out: TextIO) -> int:
         """Run the plan; return areal-launch's exit code."""
+        ...
+
+    def release(self) -> None:
+        """Give back what a resume would have run in (a kept Slurm allocation)."""
         ...
 
 

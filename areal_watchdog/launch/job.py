@@ -112,6 +112,8 @@ def stale_state(layout: RunLayout) -> list[Path]:
         layout.job_exit_dir,
         layout.finished_file,
         layout.cancel_file,
+        layout.attempt_ended_file,
+        layout.resume_request_file,
         layout.launcher_file,
         layout.ray_cluster_file,
         layout.interrupted_file,

@@ -49,6 +49,7 @@ class LocalBackend:
     """torchrun and a sidecar on this machine."""
 
     name = "local"
+    allocation = None  # nothing kept between a hang and a resume
 
     def plan(self, config: JobConfig, watchdog: bool, run_id: str | None = None) -> LaunchPlan:
         """Plan a single-node launch; raises ConfigError before anything starts."""
@@ -92,6 +93,9 @@ class LocalBackend:
     def execute(self, plan: LaunchPlan, out: TextIO = sys.stdout) -> int:
         """Run the plan to the end and return areal-launch's exit code."""
         return _LocalRun(plan, out).run()
+
+    def release(self) -> None:
+        """Nothing outlives a run here."""
 
 
 class _LocalRun:

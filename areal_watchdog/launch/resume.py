@@ -13,6 +13,7 @@ variables (``ENV_ATTEMPT``, ``ENV_LAST_STEP``). What happened is kept in
 from __future__ import annotations
 
 import contextlib
+import socket
 import time
 from dataclasses import replace
 from datetime import datetime
@@ -27,7 +28,7 @@ from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.plan import LaunchPlan
 from areal_watchdog.launch.replay_decides import ReplayFinding, replay_decides
 from areal_watchdog.launch.resume_policy import Decision, Hang, decide
-from areal_watchdog.launch.slurm.replay import SlurmReplayHost
+from areal_watchdog.launch.slurm.replay import NEW_ALLOCATION, SlurmReplayHost
 from areal_watchdog.notify.recovery import send_recovery
 from areal_watchdog.notify.sinks import SinkSpec
 from areal_watchdog.report.build import iso
@@ -41,9 +42,17 @@ ENV_LAST_STEP = "AREAL_WATCHDOG_RESUME_LAST_STEP"  # the last step seen before t
 # A hang's record entry as its report's ``recovery`` section shows it (report/schema.json).
 RECOVERY_FIELDS = (
     "attempt", "max_attempts", "decision", "reason", "backoff_s", "relaunched_at", "time_lost_s",
-    "replay", "replays", "rows_skipped", "resumes_after_step", "nodes_excluded",
+    "replay", "replays", "rows_skipped", "resumes_after_step", "nodes_excluded", "allocation",
 )  # fmt: skip
-AREAL_RECOVER_MODES = ("on", "auto")  # AReaL's modes that load the trial's recover checkpoint
+AREAL_RECOVER_MODES = ("on", "auto")
+_SLURM_RESUME = {  # where a resume runs on Slurm, by launch mode (or resume.allocation)
+    "torchrun": "in a new allocation (--exclude) without the nodes a transient hang named",
+    "spmd": "in a new allocation (--exclude) without the nodes a transient hang named",
+    "single_controller": "AReaL's jobs submitted again (their scheduling_spec's exclude) "
+    "without the nodes a transient hang named",
+    "same": "as a new step of the same allocation (watchdog.resume.allocation: same), on its "
+    "nodes: a node a hang named is not left out",
+}  # AReaL's modes that load the trial's recover checkpoint
 
 
 def check_resumable(config: JobConfig, backend: str, mode: str, wait: bool = True) -> None:
@@ -56,13 +65,20 @@ def check_resumable(config: JobConfig, backend: str, mode: str, wait: bool = Tru
             f"{config.source}: watchdog.on_hang: resume is not on the ray backend yet; use "
             "on_hang: cancel (or report) there"
         )
-    if backend == "slurm" and (mode != "torchrun" or not wait):
+    if (
+        backend == "slurm"
+        and mode == "single_controller"
+        and config.watchdog.resume_allocation == "same"
+    ):
         raise UserError(
-            f"{config.source}: watchdog.on_hang: resume on Slurm "
-            + ("follows the job from this shell: add --wait" if mode == "torchrun" else
-               f"starts torchrun scripts again (this is {mode}); use the local backend or "
-               "on_hang: cancel here for now")
-        )  # fmt: skip
+            f"{config.source}: watchdog.resume.allocation: same keeps a Slurm job's allocation, "
+            "but AReaL's single controller submits its own jobs: use allocation: new"
+        )
+    if backend == "slurm" and mode != "single_controller" and not wait:
+        raise UserError(
+            f"{config.source}: watchdog.on_hang: resume on Slurm follows the job from this "
+            "shell: add --wait"
+        )
     if mode == "torchrun":
         return
     recover = config.raw.get("recover") if isinstance(config.raw.get("recover"), dict) else {}
@@ -81,9 +97,13 @@ def resume_notes(config: JobConfig, mode: str, backend: str = "local") -> list[s
     """What ``--dry-run`` says a resume would run."""
     wd = config.watchdog
     waits = ", ".join(f"{wd.resume_backoff * 2**n:g} s" for n in range(wd.resume_max_attempts))
+    same = backend == "slurm" and wd.resume_allocation == "same"
     where = "on this node"
     if backend == "slurm":
-        where = f"{SlurmReplayHost.where} the hangs did not name"
+        where = f"{NEW_ALLOCATION} the hangs did not name"
+    if same:
+        where = "on a node of the job's allocation the hangs did not name (else " + where + ")"
+    slurm_resume = _SLURM_RESUME["same" if same else mode]
     start = (
         "AReaL's recover checkpoint of the trial (recover.mode: auto)"
         if mode != "torchrun"
@@ -99,8 +119,7 @@ def resume_notes(config: JobConfig, mode: str, backend: str = "local") -> list[s
         f"  {ENV_ATTEMPT}=<1, 2, ...>",
         f"  {ENV_LAST_STEP}=<the last step seen before the hang>",
         f"  {ENV_QUARANTINE}=<RUN_DIR/quarantine.json, once rows are quarantined>",
-        *(["  in a new allocation without the nodes a transient hang named (--exclude)"]
-          if backend == "slurm" else []),
+        *([f"  {slurm_resume}"] if backend == "slurm" else []),
         "  and stops when the same hang comes back at the same step (docs/recovery.md)",
     ]  # fmt: skip
 
@@ -126,7 +145,15 @@ class _Record:
 
 
 def run_resuming(target: Backend, config: JobConfig, plan: LaunchPlan, out: TextIO) -> int:
-    """Execute ``plan``; after each hang, decide, and execute a resumed plan."""
+    """Execute ``plan``; after each hang, decide, and execute a resumed plan. A Slurm
+    allocation kept for a resume is released however this ends."""
+    try:
+        return _resume_loop(target, config, plan, out)
+    finally:
+        target.release()
+
+
+def _resume_loop(target: Backend, config: JobConfig, plan: LaunchPlan, out: TextIO) -> int:
     layout = RunLayout(Path(plan.run_dir))
     wd = config.watchdog
     record, hangs = _Record(layout, wd.resume_max_attempts), []
@@ -139,16 +166,18 @@ def run_resuming(target: Backend, config: JobConfig, plan: LaunchPlan, out: Text
         incident_id, report = _newest_hang(layout, started)
         hangs.append(Hang.from_report(report, incident_id, hangs[-1].step if hangs else None))
         try:
-            decision, finding = _decide(config, layout, hangs, report, out, target.name, excluded)
+            decision, finding = _decide(config, layout, hangs, report, out, target, excluded)
         except KeyboardInterrupt:
             _say(out, "interrupted while replaying: not resuming")
             record.end("interrupted before resuming")
             return ExitCode.INTERRUPTED
         entry = _entry(len(hangs), wd.resume_max_attempts, hangs[-1], decision, report)
         entry.update(_replayed(finding, config, hangs[-1], decision))
-        if target.name == "slurm" and decision.resume and not (finding and finding.same_hang):
+        transient = decision.resume and not (finding and finding.same_hang)
+        if target.name == "slurm" and transient and target.allocation is None:
             excluded |= _named_nodes(report)  # transient or hardware: not on those nodes again
         entry["nodes_excluded"] = sorted(excluded)
+        entry["allocation"] = _allocation(target)
         record.add(entry)
         _say(out, decision.reason)
         if isinstance(report, dict):  # the disk took it: the report and the sinks hear it
@@ -162,6 +191,13 @@ def run_resuming(target: Backend, config: JobConfig, plan: LaunchPlan, out: Text
         plan = _resumed_plan(target, config, len(hangs), hangs[-1].step, excluded)
 
 
+def _allocation(target: Backend) -> str | None:
+    """Where a Slurm job resumes: a new allocation, or the one it kept (its job id)."""
+    if target.name != "slurm":
+        return None
+    return f"same (job {target.allocation})" if target.allocation else "new"
+
+
 def _ended(code: int, hangs: int, record: _Record, out: TextIO) -> int:
     """The run ended without a hang: say how, after resumes."""
     if hangs:
@@ -173,16 +209,18 @@ def _ended(code: int, hangs: int, record: _Record, out: TextIO) -> int:
 
 def _decide(
     config: JobConfig, layout: RunLayout, hangs: list[Hang], report: dict[str, Any] | None,
-    out: TextIO, backend: str, excluded: set[str],
+    out: TextIO, target: Backend, excluded: set[str],
 ) -> tuple[Decision, ReplayFinding | None]:  # fmt: skip
     """The policy's decision, the replays' finding first when it may resume (a stop needs
-    no replay). On Slurm the replays run in a one-node allocation, on none of the nodes the
-    run's hangs named (``excluded``, this one's too)."""
+    no replay). On Slurm the replays run on none of the nodes the run's hangs named
+    (``excluded``, this one's too): in the job's kept allocation, else in one of their own."""
     wd = config.watchdog
     decision = decide(hangs, wd.resume_max_attempts, wd.resume_backoff)
     if not decision.resume:
         return decision, None
-    host = SlurmReplayHost(config, excluded | _named_nodes(report)) if backend == "slurm" else None
+    host = None
+    if target.name == "slurm":
+        host = SlurmReplayHost(config, excluded | _named_nodes(report), target.allocation)
     finding = replay_decides(config, layout.run_dir, hangs[-1], report, out, host)
     note = finding.note if finding else None
     return decide(hangs, wd.resume_max_attempts, wd.resume_backoff, note), finding
@@ -217,10 +255,12 @@ def _replayed(
 
 
 def _named_nodes(report: dict[str, Any] | None) -> set[str]:
-    """The nodes a hang's evidence names: its culprits' and the ones that stopped answering."""
+    """The nodes a hang's evidence names: its culprits' and the ones that stopped answering;
+    never this host, which runs the launcher (and AReaL's controller), not the job's ranks:
+    Slurm refuses an exclusion of a node it does not know."""
     report = report or {}
     names = [*(report.get("culprit_nodes") or []), *(report.get("unanswered_nodes") or [])]
-    return {n for n in names if isinstance(n, str) and n}
+    return {n for n in names if isinstance(n, str) and n} - {socket.gethostname()}
 
 
 def _resumed_plan(
@@ -347,6 +387,7 @@ def recovery_lines(run_dir: Path) -> list[str]:
             + (f", {len(replays)} replay(s)" if replays else "")
             + (f", {len(rows)} row(s) quarantined" if rows else "")
             + (f", nodes excluded {', '.join(map(str, excluded))}" if excluded else "")
+            + (f", allocation {entry['allocation']}" if entry.get("allocation") else "")
         )
     if doc.get("outcome"):
         lines.append(f"    outcome: {doc['outcome']}")

@@ -177,6 +177,17 @@ class RunLayout:
         return self.watch_dir / "cancelled.json"
 
     @property
+    def attempt_ended_file(self) -> Path:
+        """Written by a Slurm batch script that keeps its allocation after a hang
+        (``resume.allocation: same``) while it waits for the launcher's decision."""
+        return self.watch_dir / "attempt_ended.json"
+
+    @property
+    def resume_request_file(self) -> Path:
+        """The launcher's decision for that batch script: resume in the allocation, or stop."""
+        return self.watch_dir / "resume_request.json"
+
+    @property
     def recovery_file(self) -> Path:
         """Every hang of an ``on_hang: resume`` run and what the launcher decided."""
         return self.watch_dir / "recovery.json"

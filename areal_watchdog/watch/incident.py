@@ -21,12 +21,14 @@ from typing import Any
 import psutil
 
 from areal_watchdog.common.atomic import write_json_atomic
+from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.rankset import culprits_phrase
 from areal_watchdog.common.redact import SECRET_NAME, Redactor
 from areal_watchdog.diagnose.classify import classify, ended_cleanly
 from areal_watchdog.diagnose.verdict import Verdict
 from areal_watchdog.evidence.gather import GatherSettings
 from areal_watchdog.evidence.model import MISSING, Evidence, RankEvidence, plain
+from areal_watchdog.launch.slurm.jobs import job_steps
 from areal_watchdog.notify.notifier import Notifier
 from areal_watchdog.report.bound import split_ranks
 from areal_watchdog.report.build import IncidentContext, build_report, new_incident_id
@@ -381,6 +383,18 @@ class Incidents:
             "replay_command": f"areal-launch replay {shlex.quote(self.info.run_dir)} --step {step}",
         }
 
+    def _slurm_targets(self, action: str) -> list[str]:
+        """What ``scancel`` ends: the job, or with ``resume.allocation: same`` only its steps
+        (the batch script keeps the allocation for the resume); the job when they cannot be
+        listed."""
+        assert self.job_id is not None
+        if action != "resume" or self.info.watchdog.resume_allocation != "same":
+            return [self.job_id]
+        try:
+            return job_steps(self.job_id) or [self.job_id]
+        except (OSError, UserError):
+            return [self.job_id]
+
     def cancel_job(self, incident_id: str, action: str) -> None:
         """``on_hang: cancel`` (or ``resume``): record why, then end the job (scancel, or the
         launcher through its pipe). Neither needs free disk: a full disk loses the record, not
@@ -392,9 +406,10 @@ class Incidents:
         except OSError as exc:
             self.say(f"cannot record the cancel ({exc.strerror or exc}): cancelling anyway")
         if self.job_id:
-            self.say(f"on_hang={action}: scancel {self.job_id}")
+            targets = self._slurm_targets(action)
+            self.say(f"on_hang={action}: scancel {' '.join(targets)}")
             with contextlib.suppress(OSError):
-                subprocess.run(["scancel", self.job_id], check=False, capture_output=True)
+                subprocess.run(["scancel", *targets], check=False, capture_output=True)
         else:
             self.say(f"on_hang={action}: asking the launcher to terminate the job")
             tell_launcher(f"cancel {incident_id}")

@@ -51,6 +51,7 @@ class RayBackend:
     """A Ray job through the Jobs API; the driver places the sidecars."""
 
     name = "ray"
+    allocation = None  # nothing kept between a hang and a resume
 
     def plan(self, config: JobConfig, watchdog: bool, run_id: str | None = None) -> LaunchPlan:
         """Plan a Ray launch; raises ConfigError before anything starts."""
@@ -85,6 +86,9 @@ class RayBackend:
         from areal_watchdog.launch.ray.run import RayRun
 
         return RayRun(plan, out).run()
+
+    def release(self) -> None:
+        """Nothing outlives a run here."""
 
 
 def _processes(

@@ -30,6 +30,7 @@ import shlex
 import socket
 import sys
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
@@ -43,6 +44,7 @@ from areal_watchdog.launch.local import LocalBackend
 from areal_watchdog.launch.plan import LaunchPlan, ProcessSpec
 from areal_watchdog.launch.slurm.jobs import cancel_jobs
 from areal_watchdog.launch.slurm.node import ServerNodes
+from areal_watchdog.launch.slurm.options import validate_slurm
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
 
@@ -58,6 +60,10 @@ def plan_single_controller(config: JobConfig, watchdog: bool, run_id: str | None
     if not job.tree["cluster"].get("n_gpus_per_node"):
         job.tree["cluster"]["n_gpus_per_node"] = 1  # AReaL's scheduler divides by it
         notes.append("cluster.n_gpus_per_node: 1 for AReaL (its Slurm scheduler divides by it)")
+    excluded = validate_slurm(config).get("exclude")
+    if excluded:
+        _exclude_nodes(job.tree, excluded)
+        notes.append(f"AReaL's jobs exclude node(s) {excluded} (launch.slurm.exclude)")
     if watchdog:
         _add_standby_sidecars(job.tree, config.launch.python, layout)
         line = standby_command(config.launch.python, layout)
@@ -148,15 +154,27 @@ def standby_command(python: str, layout: RunLayout) -> str:
     return f"{{ {shlex.join([*sidecar, *flags])} >> {log} 2>&1 < /dev/null & }}"
 
 
-def _add_standby_sidecars(tree: dict[str, Any], python: str, layout: RunLayout) -> None:
-    """Every engine's scheduling specs run the standby sidecar first (AReaL's
-    ``additional_bash_cmds``, once per task); colocated roles submit no job and ignore it."""
-    line = standby_command(python, layout)
+def _scheduling_specs(tree: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every engine's scheduling specs, copied into the tree first (the config stays as
+    written); colocated roles submit no job and ignore theirs."""
     for section in tree.values():
         specs = section.get("scheduling_spec") if isinstance(section, dict) else None
-        if not isinstance(specs, list):
-            continue
-        section["scheduling_spec"] = specs = copy.deepcopy(specs)
-        for spec in specs:
-            if isinstance(spec, dict):
-                spec["additional_bash_cmds"] = [*(spec.get("additional_bash_cmds") or []), line]
+        if isinstance(specs, list):
+            section["scheduling_spec"] = specs = copy.deepcopy(specs)
+            yield from (spec for spec in specs if isinstance(spec, dict))
+
+
+def _exclude_nodes(tree: dict[str, Any], nodes: str) -> None:
+    """``launch.slurm.exclude`` (a resume adds the nodes a hang named) joins each spec's own
+    ``exclude``, which AReaL's scheduler passes to sbatch."""
+    for spec in _scheduling_specs(tree):
+        names = {n for n in f"{spec.get('exclude') or ''},{nodes}".split(",") if n}
+        spec["exclude"] = ",".join(sorted(names))
+
+
+def _add_standby_sidecars(tree: dict[str, Any], python: str, layout: RunLayout) -> None:
+    """Every engine's scheduling specs run the standby sidecar first (AReaL's
+    ``additional_bash_cmds``, once per task)."""
+    line = standby_command(python, layout)
+    for spec in _scheduling_specs(tree):
+        spec["additional_bash_cmds"] = [*(spec.get("additional_bash_cmds") or []), line]

@@ -45,6 +45,7 @@ from areal_watchdog.launch.slurm.jobs import (
 )
 from areal_watchdog.launch.slurm.node import NodeJob
 from areal_watchdog.launch.slurm.options import validate_slurm
+from areal_watchdog.launch.slurm.same_allocation import attempt_ended, request
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.rundir.secure import check_run_dir
@@ -61,6 +62,7 @@ class Submission:
     node_job: NodeJob
     folder: str
     python: str
+    keeps_allocation: bool = False  # resume.allocation: same (the batch script waits after a hang)
 
 
 class SlurmBackend:
@@ -70,6 +72,8 @@ class SlurmBackend:
 
     def __init__(self, wait: bool = False) -> None:
         self.wait = wait  # execute follows the job to its end (--wait)
+        self.allocation: str | None = None  # the job kept after a hang (allocation: same)
+        self._run_dir: Path | None = None
 
     def plan(self, config: JobConfig, watchdog: bool, run_id: str | None = None) -> LaunchPlan:
         """Plan a Slurm launch; raises ConfigError before anything is created or submitted."""
@@ -89,8 +93,10 @@ class SlurmBackend:
             spmd.trainer_env if spmd else env, watchdog, spmd.servers if spmd else None,
         )  # fmt: skip
         folder = str(layout.logs_dir / "submitit")
-        parameters = _sbatch_parameters(config, slurm, layout, prefix, watchdog, nproc)
         python_cmd = shlex.join([*prefix, config.launch.python])
+        parameters = _sbatch_parameters(
+            config, slurm, layout, prefix, watchdog, nproc, folder, python_cmd
+        )
         script = render_sbatch(parameters, folder, python_cmd)
         processes = _node_processes(config, layout, node_job, prefix, watchdog)
         n_ranks = spmd.world_size if spmd else config.n_nodes * nproc
@@ -105,29 +111,63 @@ class SlurmBackend:
             reset_paths=[str(p) for p in stale_state(layout)] + (spmd.reset_paths if spmd else []),
             dirs=spmd.dirs if spmd else [],
             notes=[f"sbatch script (submitted through submitit, logs in {folder}):", "", script],
-            payload=Submission(parameters, node_job, folder, python_cmd),
+            payload=Submission(
+                parameters, node_job, folder, python_cmd, _keeps_allocation(config, watchdog)
+            ),
             dir_mode=config.launch.run_dir_mode,
             mode=mode,
         )
 
     def execute(self, plan: LaunchPlan, out: TextIO = sys.stdout) -> int:
-        """Submit; with ``--wait`` follow the job and return how it ended."""
+        """Submit (or, after a hang, run again in the kept allocation); with ``--wait``
+        follow the job and return how it, or with ``allocation: same`` its attempt, ended."""
         if plan.mode == "single_controller":
             return execute_single_controller(plan, out)
         submission: Submission = plan.payload
-        job_id = submit(plan)
-        logs = RunLayout(Path(plan.run_dir)).logs_dir
-        print(
-            f"[areal-launch] submitted job {job_id}\n"
-            f"  run dir: {plan.run_dir}\n"
-            f"  logs:    {submission.folder}/{job_id}_*_log.out, {logs}\n"
-            f"  follow:  areal-launch status {job_id}",
-            file=out,
-            flush=True,
-        )
+        run_dir = Path(plan.run_dir)
+        if self.allocation and attempt_ended(RunLayout(run_dir), self.allocation):
+            job_id = _rerun_in_allocation(plan, self.allocation, submission.folder)
+            print(f"[areal-launch] resuming in job {job_id}'s allocation", file=out, flush=True)
+        else:
+            job_id = submit(plan)
+            logs = RunLayout(run_dir).logs_dir
+            print(
+                f"[areal-launch] submitted job {job_id}\n"
+                f"  run dir: {plan.run_dir}\n"
+                f"  logs:    {submission.folder}/{job_id}_*_log.out, {logs}\n"
+                f"  follow:  areal-launch status {job_id}",
+                file=out,
+                flush=True,
+            )
         if not self.wait:
             return 0
-        return wait_for_job(job_id, Path(plan.run_dir))
+        if submission.keeps_allocation:
+            self.allocation, self._run_dir = job_id, run_dir
+        return wait_for_job(job_id, run_dir, attempts=submission.keeps_allocation)
+
+    def release(self) -> None:
+        """A batch script still waiting for a decision ends its job."""
+        if self.allocation and self._run_dir:
+            layout = RunLayout(self._run_dir)
+            if attempt_ended(layout, self.allocation):
+                request(layout, self.allocation, "stop", "", {})
+        self.allocation = None
+
+
+def _keeps_allocation(config: JobConfig, watchdog: bool) -> bool:
+    wd = config.watchdog
+    return watchdog and wd.on_hang == "resume" and wd.resume_allocation == "same"
+
+
+def _rerun_in_allocation(plan: LaunchPlan, job_id: str, folder: str) -> str:
+    """The resumed plan's files in place of the last attempt's, and the batch script of
+    ``job_id`` told to run the job's step again with its run id and resume variables."""
+    prepare_run_dir(plan)
+    _record_job(plan, job_id, folder)
+    submission: Submission = plan.payload
+    ours = {k: v for k, v in submission.node_job.env.items() if k.startswith("AREAL_WATCHDOG_")}
+    request(RunLayout(Path(plan.run_dir)), job_id, "resume", plan.run_id, ours)
+    return job_id
 
 
 def _node_processes(
@@ -179,18 +219,15 @@ def container_prefix(slurm: dict[str, Any]) -> list[str]:
 
 def _sbatch_parameters(
     config: JobConfig, slurm: dict[str, Any], layout: RunLayout, prefix: list[str],
-    watchdog: bool, nproc: int,
+    watchdog: bool, nproc: int, folder: str, python_cmd: str,
 ) -> dict[str, Any]:  # fmt: skip
     """submitit's parameters, the rendered setup and teardown lines included."""
-    values = _template_values(slurm, layout, config.n_nodes, prefix, config.launch.python)
     parameters: dict[str, Any] = {
         "job_name": slurm.get("job_name") or f"{config.experiment_name}-{config.trial_name}",
         "nodes": config.n_nodes,
         "ntasks_per_node": 1,
         "time": slurm["time"],
         "cpus_per_task": slurm.get("cpus_per_task") or nproc,
-        "setup": _template_lines(slurm, "slurm_setup.sh", values) if watchdog else [],
-        "teardown": _template_lines(slurm, "slurm_teardown.sh", values) if watchdog else [],
         "srun_args": [str(a) for a in slurm.get("srun_args") or []],
         "comment": f"areal-watchdog:{layout.run_dir}",
         "additional_parameters": dict(slurm.get("additional_parameters") or {}),
@@ -203,24 +240,52 @@ def _sbatch_parameters(
             parameters[key] = slurm[key]
     if slurm.get("exclusive"):
         parameters["exclusive"] = True
-    return parameters
+    if not watchdog:
+        return {**parameters, "setup": [], "teardown": []}
+    job_step = _job_step(parameters, folder, python_cmd)
+    values = _template_values(slurm, layout, config.n_nodes, prefix, config.launch.python, job_step)
+    same = _keeps_allocation(config, watchdog)
+    teardown = "slurm_teardown_same_allocation.sh" if same else "slurm_teardown.sh"
+    return {
+        **parameters,
+        "setup": _template_lines(slurm, "slurm_setup.sh", values),
+        "teardown": _template_lines(slurm, teardown, values),
+    }
+
+
+def _job_step(parameters: dict[str, Any], folder: str, python_cmd: str) -> str:
+    """submitit's ``srun`` line, as a step run again in the same allocation runs it (its log
+    appended to, not replaced)."""
+    script = render_sbatch({**parameters, "setup": [], "teardown": []}, folder, python_cmd)
+    (line,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    return line.replace("srun ", "srun --open-mode=append ", 1)
 
 
 def _template_values(
-    slurm: dict[str, Any], layout: RunLayout, n_nodes: int, prefix: list[str], python: str
-) -> dict[str, str]:
+    slurm: dict[str, Any], layout: RunLayout, n_nodes: int, prefix: list[str], python: str,
+    job_step: str,
+) -> dict[str, str]:  # fmt: skip
     """What the sbatch templates may name."""
+    container = f"{shlex.join(prefix)} " if prefix else ""
+    srun_args = "".join(f"{shlex.quote(str(a))} " for a in slurm.get("srun_args") or [])
+    logs = shlex.quote(str(layout.logs_dir))
+    sidecar = shlex.join(sidecar_command(python, layout))
     return {
         "run_dir": shlex.quote(str(layout.run_dir)),
-        "logs_dir": shlex.quote(str(layout.logs_dir)),
+        "logs_dir": logs,
         "finished_file": shlex.quote(str(layout.finished_file)),
+        "cancel_file": shlex.quote(str(layout.cancel_file)),
         "conclude_seconds": f"{CONCLUDE_SECONDS:g}",
         "n_nodes": str(n_nodes),
         "python": shlex.quote(python),
-        "container_prefix": f"{shlex.join(prefix)} " if prefix else "",
-        "sidecar_srun_args": "".join(
-            f"{shlex.quote(str(a))} " for a in slurm.get("srun_args") or []
+        "container_prefix": container,
+        "sidecar_srun_args": srun_args,
+        "sidecar_step": (
+            f"srun --overlap --nodes={n_nodes} --ntasks={n_nodes} --ntasks-per-node=1 "
+            f"--kill-on-bad-exit=0 --no-kill --output={logs}/sidecar_%N-%t.out "
+            f"--open-mode=append {srun_args}{container}{sidecar}"
         ),
+        "job_step": job_step,
     }
 
 

@@ -81,9 +81,14 @@ def resolve_job(target: str) -> tuple[str, Path | None]:
     return target, run_dir
 
 
-def wait_for_job(job_id: str, run_dir: Path, poll: float = 2.0, out=print) -> int:
-    """Follow a job to its end; the exit code says how it ended (see docs/cli.md)."""
-    last = None
+def wait_for_job(
+    job_id: str, run_dir: Path, poll: float = 2.0, out=print, attempts: bool = False
+) -> int:
+    """Follow a job to its end (``attempts``: or to the end of an attempt after a hang, its
+    allocation kept); the exit code says how it ended (see docs/cli.md)."""
+    from areal_watchdog.launch.slurm.same_allocation import attempt_ended
+
+    last, layout = None, RunLayout(run_dir)
     while True:
         state = job_state(job_id).get("JobState", "UNKNOWN")
         if state != last:
@@ -91,6 +96,9 @@ def wait_for_job(job_id: str, run_dir: Path, poll: float = 2.0, out=print) -> in
             last = state
         if state not in ACTIVE_STATES:
             break
+        if attempts and attempt_ended(layout, job_id):
+            out(f"[areal-launch] job {job_id}: its step ended after a hang; allocation kept")
+            return ExitCode.HANG_CANCELLED
         time.sleep(poll)
     if isinstance(read_json(RunLayout(run_dir).cancel_file), dict):
         return ExitCode.HANG_CANCELLED
@@ -99,6 +107,13 @@ def wait_for_job(job_id: str, run_dir: Path, poll: float = 2.0, out=print) -> in
         "CANCELLED": ExitCode.CANCELLED,
         "TIMEOUT": ExitCode.TIMEOUT,
     }.get(state, ExitCode.JOB_FAILED)
+
+
+def job_steps(job_id: str) -> list[str]:
+    """The job's running steps (``123.0``, ``123.1``: the job's tasks and the sidecars), not
+    its batch script: ending them ends an attempt and keeps the allocation."""
+    listed = slurm(["squeue", "-h", "-s", "-j", checked_job_id(job_id), "-o", "%i"])
+    return [s for s in listed.stdout.split() if re.fullmatch(rf"{re.escape(job_id)}\.[0-9]+", s)]
 
 
 def cancel_job(job_id: str) -> None:

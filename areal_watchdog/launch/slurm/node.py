@@ -8,7 +8,9 @@ inference-server launcher instead, and the others start torchrun once the server
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -100,6 +102,9 @@ def rendezvous_port(job_id: str) -> int:
 def run_node(job: NodeJob) -> int:
     """Run this node's share to its end (torchrun, or AReaL's inference servers); raise on
     failure so Slurm sees it."""
+    from areal_watchdog.launch.slurm.same_allocation import resumed
+
+    job = resumed(job)  # a step run again in the same allocation: the new attempt's
     node = os.environ["SLURMD_NODENAME"]
     nodes = slurm_nodes()
     layout = RunLayout(Path(job.run_dir))
@@ -140,18 +145,28 @@ def _serve(
     trainers' worst exit code is this node's) or the servers die."""
     env = {**os.environ, **servers.env, ENV_NODE: node}
     _say(node, " ".join(servers.argv))
-    proc = subprocess.Popen(servers.argv, env=env, stdout=sys.stdout, stderr=sys.stderr)
+    proc = subprocess.Popen(
+        servers.argv, env=env, stdout=sys.stdout, stderr=sys.stderr, start_new_session=True
+    )
     while proc.poll() is None:
         ends = [read_json(layout.job_exit(n)) for n in trainers]
         if all(isinstance(e, dict) and e.get("run_id") == run_id for e in ends):
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            _stop_group(proc)
             return max(int(e.get("returncode") or 0) for e in ends)  # type: ignore[union-attr]
         time.sleep(1)
     return proc.returncode
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """End AReaL's server launcher and its servers: a SIGTERM ends the launcher before its
+    own cleanup runs, so the servers it started are signalled with it, as its process group."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=20)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # what of the group outlived its launcher
+    proc.wait()
 
 
 def _record_end(layout: RunLayout, run_id: str, node: str, returncode: int) -> None:

@@ -1,9 +1,10 @@
-"""The replay that decides a Slurm resume, on a node of an allocation of its own.
+"""The replay that decides a Slurm resume, on one node the run's hangs did not name.
 
-``srun`` runs ``areal-launch replay`` (the local backend on that node, watched) in a one-node
-allocation with the job's partition, account, time and per-node resources, on a node none of
-the run's hangs named: a replay on the node that failed could not tell the data from the node.
-Its terminal output is the replay's log.
+``srun`` runs ``areal-launch replay`` (the local backend on that node, watched) as a step of the
+job's own allocation when it kept one (``watchdog.resume.allocation: same``) and one of its
+nodes was not named, else in a one-node allocation of its own with the job's partition,
+account, time and per-node resources: a replay on the node that failed could not tell the data
+from the node. Its terminal output is the replay's log.
 """
 
 from __future__ import annotations
@@ -14,17 +15,26 @@ from pathlib import Path
 from areal_watchdog.common.rankset import format_ranks
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.slurm.backend import container_prefix
+from areal_watchdog.launch.slurm.jobs import job_state, slurm
 from areal_watchdog.launch.slurm.options import validate_slurm
 from areal_watchdog.trajectory.replay_plan import ReplayRequest, plan_replay_config
 
+NEW_ALLOCATION = "on a node of a one-node Slurm allocation"
+
 
 class SlurmReplayHost:
-    """Where a replay runs on Slurm: a one-node allocation without the ``excluded`` nodes."""
+    """Where a replay runs on Slurm: a node of ``allocation`` (a job id) the hangs did not
+    name, else a one-node allocation without the ``excluded`` nodes."""
 
-    where = "on a node of a one-node Slurm allocation"
-
-    def __init__(self, config: JobConfig, excluded: set[str]) -> None:
+    def __init__(
+        self, config: JobConfig, excluded: set[str], allocation: str | None = None
+    ) -> None:
         self.config, self.excluded = config, excluded
+        nodes = allocation_nodes(allocation) if allocation else []
+        self.allocation = allocation if set(nodes) - excluded else None
+        self.where = (
+            f"on a node of job {allocation}'s allocation" if self.allocation else NEW_ALLOCATION
+        )
 
     def run(self, request: ReplayRequest) -> tuple[int, str, str]:
         """The replay to its end: (srun's exit code, the replay's run directory, its output)."""
@@ -33,21 +43,41 @@ class SlurmReplayHost:
         return done.returncode, run_dir, done.stdout + done.stderr
 
     def command(self, request: ReplayRequest) -> list[str]:
-        """``srun [allocation] PYTHON -m areal_watchdog.cli replay RUN_DIR --step N ...``."""
-        config, slurm = self.config, validate_slurm(self.config)
-        name = slurm.get("job_name") or f"{config.experiment_name}-{config.trial_name}"
-        cpus = slurm.get("cpus_per_task") or config.launch.nproc_per_node
-        srun = ["srun", "--nodes=1", "--ntasks=1", f"--job-name={name}-replay",
-                f"--time={slurm['time']}", f"--cpus-per-task={cpus}"]  # fmt: skip
-        if config.n_gpus_per_node:
-            srun.append(f"--gpus-per-node={config.n_gpus_per_node}")
-        srun += [f"--{k}={slurm[k]}" for k in ("partition", "account", "qos", "constraint", "mem")
-                 if slurm.get(k)]  # fmt: skip
-        given = {n for n in str(slurm.get("exclude") or "").split(",") if n}
-        if given | self.excluded:
-            srun.append("--exclude=" + ",".join(sorted(given | self.excluded)))
+        """``srun [where] PYTHON -m areal_watchdog.cli replay RUN_DIR --step N ...``."""
+        config, slurm_options = self.config, validate_slurm(self.config)
+        cpus = slurm_options.get("cpus_per_task") or config.launch.nproc_per_node
+        srun = ["srun", "--nodes=1", "--ntasks=1", f"--cpus-per-task={cpus}"]
+        srun += self._in_allocation() if self.allocation else self._new_allocation(slurm_options)
         replay = [config.launch.python, "-m", "areal_watchdog.cli", "replay",
                   str(Path(request.run_dir).resolve()), "--step", str(request.step)]  # fmt: skip
         if request.groups is not None:
             replay += ["--groups", format_ranks(request.groups)]
-        return [*srun, *container_prefix(slurm), *replay, *request.overrides]
+        return [*srun, *container_prefix(slurm_options), *replay, *request.overrides]
+
+    def _in_allocation(self) -> list[str]:
+        """A step of the kept allocation, on none of its nodes the hangs named."""
+        named = sorted(self.excluded & set(allocation_nodes(self.allocation or "")))
+        return [f"--jobid={self.allocation}", *([f"--exclude={','.join(named)}"] if named else [])]
+
+    def _new_allocation(self, options: dict) -> list[str]:
+        """The job's partition, account, time and per-node resources, without the named nodes
+        and the config's own exclusions."""
+        config = self.config
+        name = options.get("job_name") or f"{config.experiment_name}-{config.trial_name}"
+        srun = [f"--job-name={name}-replay", f"--time={options['time']}"]
+        if config.n_gpus_per_node:
+            srun.append(f"--gpus-per-node={config.n_gpus_per_node}")
+        srun += [f"--{k}={options[k]}" for k in ("partition", "account", "qos", "constraint", "mem")
+                 if options.get(k)]  # fmt: skip
+        given = {n for n in str(options.get("exclude") or "").split(",") if n}
+        if given | self.excluded:
+            srun.append("--exclude=" + ",".join(sorted(given | self.excluded)))
+        return srun
+
+
+def allocation_nodes(job_id: str) -> list[str]:
+    """The nodes of a running job's allocation (none when Slurm no longer knows it)."""
+    nodelist = job_state(job_id).get("NodeList", "")
+    if not nodelist or nodelist == "(null)":
+        return []
+    return slurm(["scontrol", "show", "hostnames", nodelist]).stdout.split()

@@ -6,7 +6,4 @@ mkdir -p ${logs_dir}
 # not one per node (a thousand steps at once would load slurmctld). A task that dies ends no
 # other (--kill-on-bad-exit=0), nor does a node that fails (--no-kill). Task counts are
 # explicit: the batch environment's SLURM_NTASKS* would leak into this srun otherwise.
-srun --overlap --nodes=${n_nodes} --ntasks=${n_nodes} --ntasks-per-node=1 \
-  --kill-on-bad-exit=0 --no-kill --output=${logs_dir}/sidecar_%N-%t.out --open-mode=append \
-  ${sidecar_srun_args}${container_prefix}${python} -m areal_watchdog.watch.sidecar \
-  --run-dir ${run_dir} --node-from-slurm &
+${sidecar_step} &
