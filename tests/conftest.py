@@ -167,17 +167,18 @@ def launcher(tmp_path: Path) -> Iterator[Launcher]:
     assert not leftovers, f"processes outlived the test: {leftovers}"
 
 
-SLOW_AREAL_TIMEOUT = 600  # seconds: a real AReaL run (and its replays) beside two others
+SLOW_AREAL_TIMEOUT = 900  # seconds: a real AReaL run (its replays, its resumes) beside two others
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Slurm tests are slow tests too (``-m "not slow"`` skips them); the real AReaL and vLLM
-    runs get a longer time limit than the rest."""
+    """Slurm tests are slow tests too (``-m "not slow"`` skips them); the real AReaL, Ray and
+    vLLM runs get a longer time limit than the rest (a loaded CI machine took 2.6x the time
+    they take alone)."""
     for item in items:
         if item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("slow") and item.module.__name__.startswith(
-            ("test_areal", "test_vllm")
+            ("test_areal", "test_ray", "test_vllm")
         ):
             item.add_marker(pytest.mark.timeout(SLOW_AREAL_TIMEOUT))
 
