@@ -294,7 +294,10 @@ class Incidents:
         return True
 
     def gather(self, trigger: Trigger, lost: list[str], statuses: dict) -> tuple[Evidence, float]:
-        """Evidence from this node directly and from every other live node by request."""
+        """Evidence from this node directly and from every other live node by request. A node
+        already silent for ``node_timeout`` is lost, not waited for: after a node was lost, every
+        later report waited ``evidence_timeout`` for its answer."""
+        lost = [*lost, *(n for n in self.nodes if n not in lost and not self.coordinator.alive(n))]
         peers = [n for n in self.nodes if n != self.node and n not in lost]
         request_id = self.coordinator.request_evidence(trigger.value) if peers else ""
         self.answered.add(request_id)

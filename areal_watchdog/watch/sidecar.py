@@ -76,6 +76,7 @@ class Sidecar(JobEnd, ProgressWatch):
 
     def __post_init__(self) -> None:
         wd = self.info.watchdog
+        self.log_file: Any = None  # this node's sidecar log, once opened
         self.layout = self.info.layout
         self.clock = StallClock(
             wd.stall_timeout, wd.startup_timeout, wd.auto_factor, wd.auto_min_timeout,
@@ -129,13 +130,17 @@ class Sidecar(JobEnd, ProgressWatch):
             print(f"[areal-watchdog {self.node}] {message}", file=self.out, flush=True)
 
     def log(self, message: str) -> None:
-        """A line in this node's sidecar log file (best effort: a full disk loses lines)."""
+        """A line in this node's sidecar log file (best effort: a full disk loses lines). The
+        file stays open: one open for the sidecar's life, not one a line on the shared
+        filesystem; a write that fails opens it again next time."""
         try:
-            path = self.layout.logs_dir / f"sidecar_{self.node}.log"
-            with open_append(path) as fh:
-                fh.write(f"{time.strftime('%H:%M:%S')} {self.notifier.redactor.scrub(message)}\n")
-        except (OSError, AttributeError):
-            pass
+            if self.log_file is None:
+                self.log_file = open_append(self.layout.logs_dir / f"sidecar_{self.node}.log")
+            line = f"{time.strftime('%H:%M:%S')} {self.notifier.redactor.scrub(message)}\n"
+            self.log_file.write(line)
+            self.log_file.flush()
+        except (OSError, AttributeError, ValueError):
+            self.log_file = None
 
     def open_gpus(self) -> GpuBackend:
         wd = self.info.watchdog
@@ -163,12 +168,24 @@ class Sidecar(JobEnd, ProgressWatch):
             self.guarded(self.poll, time.time())
             if self.done:
                 break
-            wait = min(wd.poll_interval, max(0.01, self.clock.crossed_at() - time.time() + 0.01))
-            time.sleep(wait)
+            time.sleep(self.pause(wd.poll_interval))
         if self.stopping and not self.done:
             self.guarded(lambda _now: self.on_job_ending(), time.time())
         self.notifier.close(timeout=NOTIFY_FINISH_TIMEOUT)
         return 0
+
+    def near_threshold(self, now: float) -> bool:
+        """Whether the stall threshold is a poll away or behind: then a follower reads the
+        leader's status every poll (its evidence request comes then), else when due."""
+        return now >= self.clock.crossed_at() - self.info.watchdog.poll_interval
+
+    def pause(self, poll_interval: float) -> float:
+        """Until the next poll: a poll interval, or less when the stall threshold comes first
+        (the leader looks the moment it is crossed). Once it is crossed, a poll interval again:
+        a follower polling the leader's status as fast as it can read it while the job hangs
+        made some 30 reads a second on the shared filesystem."""
+        until = self.clock.crossed_at() - time.time()
+        return min(poll_interval, until + 0.01) if until > 0 else poll_interval
 
     def guarded(self, step: Any, now: float) -> None:
         """Run one step; its failure (a full disk, a deleted file, a bug) is logged, said once
@@ -183,11 +200,11 @@ class Sidecar(JobEnd, ProgressWatch):
         """One observation; the leader may open an incident. A follower reads one file a poll
         (the leader's status); what matters less often waits until its status is due."""
         due = self.coordinator.due()
-        judging = due or self.coordinator.is_leader()  # the leader may report: it checks each poll
+        judging = self.coordinator.is_leader()  # only a leader reports: it checks each poll
         if self.run_dir_lost or (judging and not self.run_dir_present()):
             return
         self.incidents.write_pending()
-        self.statuses = self.coordinator.refresh()
+        self.statuses = self.coordinator.refresh(closely=self.near_threshold(now))
         leading = self.coordinator.is_leader()
         self.observe_progress(now, leading, due)
         self.learn_step_time()
