@@ -37,6 +37,7 @@ from areal_watchdog.cli import main
 from areal_watchdog.config.model import RaySection
 from areal_watchdog.launch.ray.cluster import OwnCluster, cluster_environment
 from areal_watchdog.launch.ray.sidecars import HEAD_RESOURCE, live_nodes
+from areal_watchdog.rundir.layout import RunLayout
 from conftest import AREAL2_PYTHON, Launcher, processes_under, read_reports
 
 # Two Ray nodes with one logical GPU each: AReaL's Ray launcher puts the inference server on
@@ -415,7 +416,8 @@ def test_single_controller_on_ray_names_the_spinning_rank_of_its_ray_actors(
     assert f"while rank {1 - culprit} waits in all_gather_single" in report["summary"]
     nodes = {r["node"] for r in report["ranks"]} | {w["node"] for w in report["workers"]}
     assert nodes == {"ray-head", "ray-node1"}, report["ranks"]
-    assert "the sidecars did not finish in time" not in result.output  # the stopped job's end
+    exits = RunLayout(result.run_dir).job_exit_dir
+    assert {p.stem for p in exits.glob("*.json")} == nodes  # the stopped job's end, every node
     release = "areal2" if areal == str(AREAL2_PYTHON) else "areal"
     record_evidence(report, f"straggler_w2_r{culprit}--{release}-single-controller-ray")
     assert the_run_is_gone(result.run_dir, within=20) == []
