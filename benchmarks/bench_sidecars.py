@@ -14,8 +14,9 @@ states, one after the other:
 
 - **start-up**: the first seconds, the ranks starting and registering;
 - **steady**: every rank stepping;
-- **a rank dead**: one rank of a follower node killed;
 - **a node lost**: a follower's sidecar and ranks killed; until the leader names it;
+- **a rank dead**: one rank of another follower killed (after the lost node: a failure reported
+  first would leave the loss unreported, as the job is failing anyway);
 - **a hang**: every rank stuck (in a sleep, as in a collective: it still answers signals);
   from the stall threshold to ``report.json``;
 - **after the end**: every rank returned, the sidecars lingering.
@@ -245,12 +246,12 @@ def _states(fleet: Fleet, run_dir: Path, windows: float) -> dict[str, str]:
     """Take the job through every state; what the leader did about the lost node and the hang."""
     fleet.window("start-up", windows)
     fleet.window("steady", 2 * windows)
-    fleet.command(f"kill-rank node{1:04d}")
-    fleet.window("a rank dead", windows)
     started, killed = time.monotonic(), time.time()
     fleet.command(f"kill-node node{2:04d}")
     lost = _incident(run_dir, "node_lost", killed, 6 * NODE_TIMEOUT)
     fleet.windows["a node lost"] = (started, time.monotonic())
+    fleet.command(f"kill-rank node{1:04d}")  # after: a dead rank's report would silence the loss
+    fleet.window("a rank dead", windows)
     started, stuck = time.monotonic(), time.time()
     fleet.command("stick")
     hang = _incident(run_dir, "*", stuck + 1, 8 * STALL)

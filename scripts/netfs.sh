@@ -5,8 +5,10 @@
 # here; sshfs caches as an NFS client does, by timeouts (docs/slurm.md says what it reproduces).
 #
 #   bash scripts/netfs.sh up DIR [SECONDS]   # serve DIR/export, mount it at DIR/mnt; SECONDS
-#                                            #   (default 3): attribute, name and negative-lookup
-#                                            #   caching and sshfs's directory cache (NFS's actimeo)
+#                                            #   (default 3): attributes, names and absent names
+#                                            #   cached that long (NFS's actimeo, lookupcache=all);
+#                                            #   what NFS revalidates at open (close-to-open: a
+#                                            #   file's data, a folder's listing) read anew
 #   bash scripts/netfs.sh client DIR         # one more client at DIR/mnt, in the caller's mount
 #                                            #   namespace (a node of its own: unshare --mount)
 #   bash scripts/netfs.sh down DIR
@@ -66,7 +68,8 @@ client() {
   t="$(cat "$dir/seconds")"
   nsenter --net="/var/run/netns/$ns" sshfs "root@127.0.0.1:$dir/export" "$dir/mnt" -o \
 "port=$port,IdentityFile=$dir/client_key,StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,\
-LogLevel=ERROR,attr_timeout=$t,entry_timeout=$t,negative_timeout=$t,dcache_timeout=$t,allow_other"
+LogLevel=ERROR,attr_timeout=$t,entry_timeout=$t,negative_timeout=$t,dcache_timeout=$t,\
+dcache_dir_timeout=0,direct_io,allow_other"
 }
 
 case "$command" in

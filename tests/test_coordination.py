@@ -156,3 +156,23 @@ def test_nodes_join_a_dynamic_job_when_they_publish(tmp_path: Path) -> None:
     worker.publish({"state": "watching"})
     leader.refresh()
     assert leader.nodes == ["login", "node7"] and worker.leader() == "login"
+
+
+def test_a_node_that_joins_late_is_alive_not_lost(tmp_path: Path) -> None:
+    """AReaL on Slurm submits a role's job long after the controller's sidecar started: the
+    node that joins then is alive from its first status, not lost before the leader's scan
+    reaches it (the resume that followed excluded it, and sbatch refused the job)."""
+    layout = launched(tmp_path)
+    leader = Coordinator(layout, "r1", "login", ["login"], 0.6, dynamic=True)
+    others = [Coordinator(layout, "r1", f"node{i}", ["login", f"node{i}"], 0.6) for i in range(9)]
+    leader.publish({"state": "watching"})
+    started = time.monotonic()
+    while time.monotonic() - started < 0.7:  # longer than the node timeout, polling often
+        leader.refresh()
+        time.sleep(0.01)
+    for other in others:
+        other.publish({"state": "watching"})
+    while len(leader.nodes) == 1:  # each poll reads a small share of the nodes
+        time.sleep(0.01)
+        leader.refresh()
+    assert len(leader.nodes) == 10 and leader.lost_nodes(finished=set()) == []

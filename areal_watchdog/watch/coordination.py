@@ -44,6 +44,7 @@ from typing import Any
 from areal_watchdog.common.atomic import read_json, write_json_atomic
 from areal_watchdog.rundir.layout import RunLayout
 
+ENDED_STATES = ("ending", "finished")  # a node that says so is not lost when it falls silent
 PUBLISH_FRACTION = 3  # a status is rewritten every node_timeout / 3: two may be missed
 COLLECT_POLL_MAX = 0.5  # seconds between two looks for evidence answers, at most
 
@@ -73,6 +74,8 @@ class Coordinator:
     scan_cursor: int = 0  # the next node it reads
     scan_owed: float = 0.0  # the reads it owes, fractions kept
     joined_at: float = -1e9  # the leader's last look for nodes joining (``dynamic``)
+    listed_at: float = -1e9  # the last listing of the status folder (``_published``)
+    listed: set[str] = field(default_factory=set)
     request: dict[str, Any] | None = None  # ours, as leader: carried in our status
     last_status: dict[str, Any] = field(default_factory=dict)
     leading: str = ""  # the leader, as the last refresh found it
@@ -141,7 +144,7 @@ class Coordinator:
         elapsed = min(now - self.scanned_at, self.interval)
         if self.dynamic and now - self.joined_at >= self.interval:
             self.joined_at = now
-            self.join_new_nodes()
+            self.join_new_nodes(now)
         self.scanned_at = now
         peers = [n for n in self.nodes if n != self.node]
         self.scan_owed = min(len(peers), self.scan_owed + len(peers) * elapsed / self.interval)
@@ -155,7 +158,7 @@ class Coordinator:
         from one that only has not spoken yet; a leader that must know before it reports)."""
         now = time.monotonic()
         if self.dynamic:
-            self.join_new_nodes()
+            self.join_new_nodes(now)
         for node in self.nodes:
             if node != self.node:
                 self._read(node, now)
@@ -166,6 +169,8 @@ class Coordinator:
         return time.monotonic() - self.published_at >= self.interval
 
     def _read(self, node: str, now: float) -> None:
+        if node not in self.seen and node not in self._published(now):
+            return  # not opened by name before it exists: NFS would remember it absent
         record = self.read_status(node)
         if record is None:
             return
@@ -175,13 +180,23 @@ class Coordinator:
         if seen is None or seen.seq != seq:
             self.seen[node] = _Seen(seq, now)
 
-    def join_new_nodes(self) -> None:
+    def _published(self, now: float) -> set[str]:
+        """The nodes with a status file, listed at most once a look (``now``): a listing is
+        revalidated on NFS (close-to-open), a name looked up before it existed is not (its
+        absence is cached until the folder's attributes expire, up to ``acdirmax``)."""
+        if self.listed_at != now:
+            self.listed_at, self.listed = now, _listed(self.layout.status_dir)
+        return self.listed
+
+    def join_new_nodes(self, now: float) -> None:
         """Nodes that published a status since the last look join the job, after the known
-        ones (the first node, the leader, stays first)."""
-        with contextlib.suppress(OSError):
-            for path in sorted(self.layout.status_dir.glob("*.json")):
-                if path.stem not in self.nodes and self.read_status(path.stem) is not None:
-                    self.nodes.append(path.stem)
+        ones (the first node, the leader, stays first), seen now: a node that joined and waited
+        for its turn in the leader's scan counted as silent since this sidecar started, and was
+        reported lost at once."""
+        for node in sorted(self._published(now) - set(self.nodes)):
+            self._read(node, now)
+            if node in self.seen:
+                self.nodes.append(node)
 
     def alive(self, node: str, within: float | None = None) -> bool:
         """This node, or a node whose status moved within ``within`` seconds (default
@@ -206,8 +221,13 @@ class Coordinator:
 
     # ------------------------------------------------------------- evidence
     def request_evidence(self, trigger: str) -> str:
-        """Ask every node for its evidence: the request rides in our status, written now."""
+        """Ask every node for its evidence: the request rides in our status, written now. The
+        answers' folder is made first, here: on NFS a look at a name that did not exist yet is
+        remembered (``lookupcache``) until the parent's cached attributes expire, up to
+        ``acdirmax`` (60 s), and ``collect`` would list nothing that long."""
         request_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
+        with contextlib.suppress(OSError):  # a full disk: the followers make it when they answer
+            (self.layout.watch_dir / "evidence" / request_id).mkdir(parents=True, exist_ok=True)
         self.request = {"id": request_id, "trigger": trigger, "by": self.node, "time": time.time()}
         self.publish(self.last_status, force=True)
         return request_id
@@ -267,7 +287,7 @@ class Coordinator:
 
 
 def _listed(directory: Path) -> set[str]:
-    """The nodes that answered: names in the evidence directory (``<node>.json``)."""
+    """The nodes a folder of ``<node>.json`` files (statuses, answers) has a file for."""
     try:
         return {n[: -len(".json")] for n in os.listdir(directory) if n.endswith(".json")}
     except OSError:

@@ -33,7 +33,7 @@ from areal_watchdog.notify.notifier import Notifier
 from areal_watchdog.notify.sinks import SinkSpec
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_RAYLET
-from areal_watchdog.watch.coordination import Coordinator
+from areal_watchdog.watch.coordination import ENDED_STATES, Coordinator
 from areal_watchdog.watch.incident import Incidents, local_evidence
 from areal_watchdog.watch.job_end import JobEnd
 from areal_watchdog.watch.launcher_heartbeat import watch_heartbeat
@@ -57,7 +57,6 @@ from areal_watchdog.watch.triggers import (
 )
 
 NOTIFY_FINISH_TIMEOUT = 30.0  # seconds to finish sending before the rest waits in the spool
-ENDED_STATES = ("ending", "finished")  # a node that says so is not lost when it falls silent
 FOLLOWER_LINGER = 60.0  # seconds a finished follower keeps answering a leader that has not finished
 
 
