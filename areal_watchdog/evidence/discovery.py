@@ -25,7 +25,6 @@ are started by torchrun, srun or a scheduler, never by another part of the job.
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from areal_watchdog.rundir.layout import (
     RunLayout,
     node_of,
 )
+from areal_watchdog.rundir.secure import run_dir_owner
 
 _REGISTRATION = re.compile(r"rank_\d+\.json")
 CACHE_LIMIT = 65536  # entries of each cache below before it starts over
@@ -105,7 +105,7 @@ def discover(layout: RunLayout, scope: Scope, expected: int = 0) -> Discovered:
     processes we may read; this node's registration files (on the shared filesystem, by node:
     never the whole job's) are only read when fewer than ``expected`` ranks were found that
     way."""
-    owner = _owner(layout)
+    owner = run_dir_owner(layout.run_dir)
     found = Discovered()
     for proc in _from_environment(layout, scope, owner):
         if proc.rank is None:
@@ -125,7 +125,7 @@ def helpers(layout: RunLayout, scope: Scope, parts: dict[int, JobProcess]) -> li
     that are no part themselves: AReaL's reward process pool, a tool an episode runs, a
     DataLoader worker. Looked for only when evidence is gathered: what they wait in can be the
     hang (a reward function that never returns). Our own sidecars are never helpers."""
-    owner = _owner(layout)
+    owner = run_dir_owner(layout.run_dir)
     found: dict[int, list[JobProcess]] = {}
     for proc in psutil.process_iter():
         try:
@@ -152,20 +152,6 @@ def _is_helper(argv: list[str]) -> bool:
     the worker the task then runs)."""
     python = bool(argv) and argv[0].rsplit("/", 1)[-1].startswith("python")
     return python and SIDECAR_MODULE not in argv
-
-
-def _owner(layout: RunLayout) -> int:
-    """The uid whose processes may be the job's: the run directory's owner (looked up once:
-    a stat on the shared filesystem at every discovery told nothing new)."""
-    return _owner_of(layout.run_dir)
-
-
-@functools.lru_cache(maxsize=16)
-def _owner_of(run_dir: Path) -> int:
-    try:
-        return run_dir.stat().st_uid
-    except OSError:
-        return os.geteuid()
 
 
 def _ours(proc: psutil.Process, owner: int) -> bool:

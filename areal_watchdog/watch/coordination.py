@@ -240,9 +240,12 @@ class Coordinator:
 
     def answer(self, request_id: str, payload: dict[str, Any]) -> None:
         directory = self.layout.watch_dir / "evidence" / request_id
-        directory.mkdir(parents=True, exist_ok=True)
         record = {"node": self.node, **payload}
-        write_json_atomic(directory / f"{self.node}.json", record, compact=True)
+        try:  # the leader made the folder with the request
+            write_json_atomic(directory / f"{self.node}.json", record, compact=True)
+        except FileNotFoundError:
+            directory.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(directory / f"{self.node}.json", record, compact=True)
 
     def collect(
         self, request_id: str, nodes: list[str], timeout: float, poll: float = 0.05

@@ -80,7 +80,9 @@ class NodeWatch:
         self.polls += 1
         unseen = len({*self.live, *self.gone}) < self.expected  # start-up: not every rank yet
         if force or unseen or self.polls % DISCOVERY_EVERY == 1:
-            found = discover(self.layout, self.scope, self.expected)
+            # a rank that ended is not looked for in the registrations again
+            missing = self.expected - len(self.gone.keys() - self.live.keys())
+            found = discover(self.layout, self.scope, missing)
             for rank, proc in found.ranks.items():
                 self._adopt(self.live, self.gone, rank, proc, now)
             for pid, proc in found.workers.items():

@@ -23,6 +23,7 @@ from areal_watchdog.common.atomic import read_json
 from areal_watchdog.rundir.beats import beat_step
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.rundir.secure import run_dir_owner
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 LINE_BUDGET_S = 0.05  # the longest one log line may take to match watchdog.step_regex
@@ -351,6 +352,6 @@ def default_log_patterns(layout: RunLayout, info: LaunchInfo, first_node: str = 
 def _owner_name(layout: RunLayout) -> str:
     """The login name AReaL puts in its log path (``getpass.getuser()`` of the launcher)."""
     try:
-        return pwd.getpwuid(layout.run_dir.stat().st_uid).pw_name
-    except (OSError, KeyError):
+        return pwd.getpwuid(run_dir_owner(layout.run_dir)).pw_name
+    except KeyError:
         return getpass.getuser()

@@ -33,6 +33,7 @@ from areal_watchdog.notify.notifier import Notifier
 from areal_watchdog.notify.sinks import SinkSpec
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_RAYLET
+from areal_watchdog.rundir.secure import run_dir_owner
 from areal_watchdog.watch.coordination import ENDED_STATES, Coordinator
 from areal_watchdog.watch.incident import Incidents, local_evidence
 from areal_watchdog.watch.job_end import JobEnd
@@ -82,7 +83,7 @@ class Sidecar(JobEnd, ProgressWatch):
             wd.teardown_timeout,
         )  # fmt: skip
         patterns = default_log_patterns(self.layout, self.info, self.nodes[0])
-        owner = self.layout.run_dir.stat().st_uid  # the job's user: its logs alone count
+        owner = run_dir_owner(self.layout.run_dir)  # the job's user: its logs alone count
         self.tail = StepLogTail(patterns + list(wd.log_files), wd.step_regex, owner)
         self.refusals_said: set[str] = set()
         specs = [SinkSpec.from_dict(d) for d in wd.notify]
@@ -114,6 +115,7 @@ class Sidecar(JobEnd, ProgressWatch):
         self.last_said = ""
         self.gone_since: float | None = None
         self.exited_at: float | None = None
+        self.answered_progress: float | None = -1.0  # the stall we answered for: its progress
         self.pause_said = 0.0  # the end of the announced pause already said
         self.run_dir_lost = False
         self.slow_said = False
@@ -174,9 +176,13 @@ class Sidecar(JobEnd, ProgressWatch):
         return 0
 
     def near_threshold(self, now: float) -> bool:
-        """Whether the stall threshold is a poll away or behind: then a follower reads the
-        leader's status every poll (its evidence request comes then), else when due."""
-        return now >= self.clock.crossed_at() - self.info.watchdog.poll_interval
+        """Whether a follower reads the leader's status every poll, else when due: from a poll
+        before the stall threshold until it answered for this stall (the evidence request comes
+        then; a second look's comes later, on purpose), while ranks run here (after the end,
+        that was a read a second for nothing)."""
+        crossing = now >= self.clock.crossed_at() - self.info.watchdog.poll_interval
+        answered = self.answered_progress == self.clock.last_progress_at
+        return crossing and not answered and self.own_exit is None
 
     def pause(self, poll_interval: float) -> float:
         """Until the next poll: a poll interval, or less when the stall threshold comes first
@@ -271,6 +277,7 @@ class Sidecar(JobEnd, ProgressWatch):
         if request is None or request["id"] in self.incidents.answered:
             return
         self.incidents.answered.add(request["id"])
+        self.answered_progress = self.clock.last_progress_at
         if request.get("by") == self.node:
             return  # the leader gathers its own node directly
         mine = local_evidence(self.info, self.watch)
