@@ -16,9 +16,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from bench_sidecars import measure  # noqa: E402
+from bench_sidecars import NODE_TIMEOUT, POLL, measure  # noqa: E402
 
 FOLLOWER_BUDGET = 2.0  # path operations a second, everything included (docs/slurm.md)
+# A lost node's last status is read up to a status period late, it is lost node_timeout after
+# that read, seen at the leader's next poll; then the others' evidence and the report.
+LOST_WITHIN = NODE_TIMEOUT + NODE_TIMEOUT / 3 + POLL + 3.0
 STATES = ["start-up", "steady", "a node lost", "a rank dead", "a hang", "after the end"]
 
 
@@ -34,5 +37,5 @@ def test_a_follower_stays_within_its_budget_in_every_state() -> None:
         assert cost.follower_mean <= FOLLOWER_BUDGET, cost
     steady, lost, hang = costs[1], costs[2], costs[4]
     assert steady.leader_per_node_poll <= 1.0, steady  # its own node's files weigh at 16 nodes
-    assert lost.note.startswith("named in") and float(lost.note.split()[2]) <= 15, lost
+    assert lost.note.startswith("named in") and float(lost.note.split()[2]) <= LOST_WITHIN, lost
     assert hang.note.startswith("stall->report") and float(hang.note.split()[1]) <= 5, hang
