@@ -55,6 +55,8 @@ KbdInteractiveAuthentication no
 UsePAM no
 StrictModes no
 Subsystem sftp internal-sftp
+MaxStartups 1100
+MaxSessions 1100
 EOF
   ip netns list | grep -qw "$ns" || bash "$here/loopback.sh" --create "$ns"
   nsenter --net="/var/run/netns/$ns" /usr/sbin/sshd -f "$dir/sshd_config" -E "$dir/sshd.log"

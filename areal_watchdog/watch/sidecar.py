@@ -175,7 +175,7 @@ class Sidecar(JobEnd, ProgressWatch):
         self.notifier.close(timeout=NOTIFY_FINISH_TIMEOUT)
         return 0
 
-    def near_threshold(self, now: float) -> bool:
+    def reads_leader_closely(self, now: float) -> bool:
         """Whether a follower reads the leader's status every poll, else when due: from a poll
         before the stall threshold until it answered for this stall (the evidence request comes
         then; a second look's comes later, on purpose), while ranks run here (after the end,
@@ -209,7 +209,7 @@ class Sidecar(JobEnd, ProgressWatch):
         if self.run_dir_lost or (judging and not self.run_dir_present()):
             return
         self.incidents.write_pending()
-        self.statuses = self.coordinator.refresh(closely=self.near_threshold(now))
+        self.statuses = self.coordinator.refresh(closely=self.reads_leader_closely(now))
         leading = self.coordinator.is_leader()
         self.observe_progress(now, leading, due)
         self.learn_step_time()
