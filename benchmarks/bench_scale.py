@@ -103,6 +103,8 @@ class _Cluster:
     def __post_init__(self) -> None:
         nodes = [f"node{i:04d}" for i in range(self.n_nodes)]
         layout = RunLayout(self.root / "run")
+        layout.watch_dir.mkdir(parents=True)
+        layout.launch_file.write_text("{}")  # as a launch leaves it
         self.coordinators = [
             Coordinator(layout, "bench", n, list(nodes), self.node_timeout) for n in nodes
         ]
@@ -132,12 +134,12 @@ class _Cluster:
         return self.coordinators[0]
 
 
-def node_evidence(node: str) -> dict[str, Any]:
-    """What one node answers: 8 ranks blocked in all_reduce (rank 1 of node0001 elsewhere)."""
-    base = int(node[4:]) * RANKS_PER_NODE
+def node_evidence(node: str, per_node: int = RANKS_PER_NODE) -> dict[str, Any]:
+    """What one node answers: its ranks blocked in all_reduce (rank 1 of node0001 elsewhere)."""
+    base = int(node[4:]) * per_node
     ranks = []
-    for local in range(RANKS_PER_NODE):
-        op = "broadcast" if base + local == RANKS_PER_NODE + 1 else "all_reduce"
+    for local in range(per_node):
+        op = "broadcast" if base + local == per_node + 1 else "all_reduce"
         frames = [
             Frame(op, "/v/site-packages/torch/distributed/distributed_c10d.py", 2400),
             Frame("step", "/job/train.py", 88),

@@ -19,6 +19,7 @@ from bench_faults import run_fault_benchmarks  # noqa: E402
 from bench_notify import run_notify_benchmarks  # noqa: E402
 from bench_resume import run_resume_benchmarks  # noqa: E402
 from bench_scale import run_scale_benchmarks  # noqa: E402
+from bench_sidecars import run_sidecar_benchmarks  # noqa: E402
 from bench_trajectory import run_trajectory_benchmarks  # noqa: E402
 from bench_watchdog import run_watchdog_benchmarks  # noqa: E402
 
@@ -29,6 +30,7 @@ TOPICS = {
     "faults": run_fault_benchmarks,
     "diagnose": run_diagnose_benchmarks,
     "scale": run_scale_benchmarks,
+    "sidecars": run_sidecar_benchmarks,
     "areal": run_areal_benchmarks,
     "resume": run_resume_benchmarks,
 }

@@ -4,6 +4,7 @@ leader is replaced, and how an evidence request reaches the followers."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -16,8 +17,16 @@ from areal_watchdog.watch.coordination import Coordinator
 NODES = [f"n{i}" for i in range(40)]
 
 
-def cluster(tmp_path: Path, timeout: float = 0.6) -> list[Coordinator]:
+def launched(tmp_path: Path) -> RunLayout:
+    """A run directory as a launch leaves it: its launch.json there."""
     layout = RunLayout(tmp_path / "run")
+    layout.watch_dir.mkdir(parents=True)
+    layout.launch_file.write_text("{}")
+    return layout
+
+
+def cluster(tmp_path: Path, timeout: float = 0.6) -> list[Coordinator]:
+    layout = launched(tmp_path)
     return [Coordinator(layout, "r1", n, list(NODES), timeout) for n in NODES]
 
 
@@ -67,6 +76,22 @@ def test_the_leader_reads_every_node_once_per_interval(
     assert reads_of(leader, monkeypatch) == []  # until the next interval
 
 
+def test_the_leaders_look_is_spread_over_its_polls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Polling four times an interval, the leader reads about a quarter of the nodes a poll,
+    and every node within each interval: no poll carries the whole look."""
+    nodes = cluster(tmp_path, timeout=1.2)  # interval 0.4 s
+    tick(nodes)
+    leader = nodes[0]
+    rounds: list[list[str]] = []
+    for _ in range(8):
+        time.sleep(leader.interval / 4)
+        rounds.append(reads_of(leader, monkeypatch))
+    assert max(len(r) for r in rounds) <= 13, [len(r) for r in rounds]  # 39 / 4, and timing
+    assert set(sum(rounds[4:], [])) == set(NODES[1:])  # the last interval's polls read all
+
+
 def test_a_silent_leader_is_replaced_and_named_lost(tmp_path: Path) -> None:
     nodes = cluster(tmp_path, timeout=0.6)
     tick(nodes)
@@ -112,12 +137,42 @@ def test_a_leader_waiting_for_answers_longer_than_the_node_timeout_stays_alive(
     assert leaders == {"n0"}
 
 
+def test_a_status_never_makes_a_deleted_run_directory_again(tmp_path: Path) -> None:
+    """The run directory deleted under a running job: a sidecar's status is not written (the
+    sidecar says the directory is gone and stops judging), and nothing of it is made again."""
+    nodes = cluster(tmp_path)
+    tick(nodes)
+    shutil.rmtree(tmp_path / "run")
+    assert nodes[3].publish({"state": "watching"}, force=True) is False
+    assert not (tmp_path / "run").exists()
+
+
 def test_nodes_join_a_dynamic_job_when_they_publish(tmp_path: Path) -> None:
     """AReaL on Slurm: only the controller's host is known at launch."""
-    layout = RunLayout(tmp_path / "run")
+    layout = launched(tmp_path)
     leader = Coordinator(layout, "r1", "login", ["login"], 0.6, dynamic=True)
     worker = Coordinator(layout, "r1", "node7", ["login", "node7"], 0.6)
     leader.publish({"state": "watching"})
     worker.publish({"state": "watching"})
     leader.refresh()
     assert leader.nodes == ["login", "node7"] and worker.leader() == "login"
+
+
+def test_a_node_that_joins_late_is_alive_not_lost(tmp_path: Path) -> None:
+    """AReaL on Slurm submits a role's job long after the controller's sidecar started: the
+    node that joins then is alive from its first status, not lost before the leader's scan
+    reaches it (the resume that followed excluded it, and sbatch refused the job)."""
+    layout = launched(tmp_path)
+    leader = Coordinator(layout, "r1", "login", ["login"], 0.6, dynamic=True)
+    others = [Coordinator(layout, "r1", f"node{i}", ["login", f"node{i}"], 0.6) for i in range(9)]
+    leader.publish({"state": "watching"})
+    started = time.monotonic()
+    while time.monotonic() - started < 0.7:  # longer than the node timeout, polling often
+        leader.refresh()
+        time.sleep(0.01)
+    for other in others:
+        other.publish({"state": "watching"})
+    while len(leader.nodes) == 1:  # each poll reads a small share of the nodes
+        time.sleep(0.01)
+        leader.refresh()
+    assert len(leader.nodes) == 10 and leader.lost_nodes(finished=set()) == []

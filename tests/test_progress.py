@@ -9,7 +9,7 @@ import pytest
 import regex
 
 from areal_watchdog.config.model import DEFAULT_STEP_REGEX
-from areal_watchdog.watch.progress import StallClock, StepLogTail, find_progress
+from areal_watchdog.watch.progress import GLOB_EVERY, StallClock, StepLogTail, find_progress
 
 AREAL_LINE = (
     "\x1b[32m(AReaL) 20260829-00:00:00.000 StatsLogger INFO:\x1b[0m Epoch 2/2 "
@@ -53,8 +53,8 @@ def test_log_tail_reads_only_new_lines_and_survives_partial_lines_and_rotation(
     assert tail.poll() == [4]
     log.write_text("step 1\n")  # truncated / rotated: read from the start
     assert tail.poll() == [1]
-    (tmp_path / "new.log").write_text("step 9\n")  # a file that appears later: read fully
-    assert tail.poll() == [9]
+    (tmp_path / "new.log").write_text("step 9\n")  # a file that appears later: read fully,
+    assert sum((tail.poll() for _ in range(GLOB_EVERY)), []) == [9]  # found within 10 polls
 
 
 def test_stall_clock_fixed_threshold_and_startup() -> None:
@@ -119,3 +119,46 @@ def test_a_backtracking_step_pattern_cannot_pin_the_sidecar(tmp_path) -> None:
     steps = tail.poll()
     assert time.perf_counter() - started < 1.0
     assert steps == [7]
+
+
+def test_a_nodes_heartbeats_are_read_with_one_listing_and_no_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight ranks of a node heartbeat through the public API; the sidecar learns their highest
+    step from one directory listing, opening nothing (a pause file only while one is listed);
+    another run's heartbeats and another node's do not count."""
+    import areal_watchdog.rank.heartbeat as api
+    from areal_watchdog.rundir.layout import RunLayout
+    from areal_watchdog.watch import progress
+
+    layout = RunLayout(tmp_path / "run")
+    monkeypatch.setenv("AREAL_WATCHDOG_DIR", str(layout.watch_dir))
+    monkeypatch.setenv("AREAL_WATCHDOG_NODE", "node1")
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)
+
+    def beacon(rank: int, run_id: str) -> api._Beacon:
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("AREAL_WATCHDOG_RUN_ID", run_id)
+        return api._Beacon()
+
+    ranks = [beacon(r, "r1") for r in range(8)]
+    for step in range(1, 4):
+        for rank in ranks[: 8 if step < 3 else 1]:  # rank 0 alone reaches step 3
+            rank.beat(step)
+            rank.beat(None)  # alive: changes nothing
+    beacon(9, "old").beat(99)  # a stale run's
+    opened: list[Path] = []
+    monkeypatch.setattr(progress, "read_json", lambda p: opened.append(p))
+    state = progress.read_heartbeats(layout, "r1", "node1")
+    assert (state.max_step, opened) == (3, [])
+    assert len(list(layout.heartbeats("node1").iterdir())) == 9  # one name per rank, renamed
+    assert progress.read_heartbeats(layout, "r1", "node2").max_step is None
+    monkeypatch.undo()
+    monkeypatch.setenv("AREAL_WATCHDOG_DIR", str(layout.watch_dir))
+    monkeypatch.setenv("AREAL_WATCHDOG_NODE", "node1")
+    monkeypatch.setenv("AREAL_WATCHDOG_RUN_ID", "r1")
+    monkeypatch.setattr(api, "_beacon", None)
+    with api.expect_pause(60, "checkpoint"):
+        state = progress.read_heartbeats(layout, "r1", "node1")
+        assert state.pause_reason == "checkpoint" and state.pause_until > time.time() + 50
+    assert progress.read_heartbeats(layout, "r1", "node1").pause_until == 0.0

@@ -217,3 +217,28 @@ def test_a_slurm_replay_asks_one_node_the_hangs_did_not_name(tmp_path: Path) -> 
     assert {"--partition=gpu", "--exclude=node1,node2,node9", "--cpus-per-task=4"} <= set(srun)
     assert replay[1:5] == ["-m", "areal_watchdog.cli", "replay", str(tmp_path)]
     assert replay[5:] == ["--step", "3", "--groups", "0-1, 3", "++watchdog.notify=[]"]
+
+
+def test_a_same_allocation_resume_request_hands_the_step_only_the_watchdogs_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The resumed step of a kept allocation reads its run id and resume variables from the
+    run directory's request: a request for another job is ignored, and of this job's only the
+    ``AREAL_WATCHDOG_*`` variables reach the step (never LD_PRELOAD or PATH)."""
+    from areal_watchdog.launch.slurm.node import NodeJob
+    from areal_watchdog.launch.slurm.same_allocation import request, resumed
+    from areal_watchdog.rundir.layout import RunLayout
+
+    layout = RunLayout(tmp_path)
+    layout.watch_dir.mkdir(parents=True)
+    job = NodeJob(str(tmp_path), "run-1", sys.executable, 2, ["train.py"], {"A": "1"}, True)
+    env = {"AREAL_WATCHDOG_RESUME_ATTEMPT": "1", "LD_PRELOAD": "/tmp/evil.so", "PATH": "/tmp"}
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    request(layout, "42", "resume", "run-2", env)
+    assert resumed(job) == job
+    request(layout, "41", "resume", "run-2", env)
+    again = resumed(job)
+    assert again.run_id == "run-2"
+    assert again.env == {
+        "A": "1", "AREAL_WATCHDOG_RESUME_ATTEMPT": "1", "AREAL_WATCHDOG_RUN_ID": "run-2"
+    }  # fmt: skip

@@ -22,6 +22,7 @@ import pytest
 
 from areal_watchdog.cli import main
 from areal_watchdog.common.atomic import write_json_atomic
+from areal_watchdog.common.fifo import write_fifo
 from areal_watchdog.config.model import WatchdogSection
 from areal_watchdog.evidence.discovery import Scope, discover
 from areal_watchdog.notify.sinks import parse_sinks
@@ -130,6 +131,19 @@ def test_a_forged_record_never_gets_another_process_signalled(tmp_path: Path) ->
         for proc in (theirs, ours):
             proc.send_signal(signal.SIGKILL)
             proc.wait()
+
+
+def test_a_planted_file_or_symlink_at_a_trigger_is_never_written(tmp_path: Path) -> None:
+    """A rank's trigger is a FIFO it listens on: a regular file or a symlink in its place (to
+    a file of ours) is left as it was, and a FIFO nobody reads is not waited on."""
+    mine = tmp_path / "mine.txt"
+    mine.write_text("keep")
+    (tmp_path / "file").write_text("keep")
+    (tmp_path / "link").symlink_to(mine)
+    os.mkfifo(tmp_path / "unread")
+    for name in ("file", "link", "unread", "absent"):
+        assert not write_fifo(tmp_path / name, "dump 1")
+    assert (tmp_path / "file").read_text() == mine.read_text() == "keep"
 
 
 def test_another_users_log_cannot_fake_progress(tmp_path: Path) -> None:

@@ -10,14 +10,16 @@ from pathlib import Path
 def write_fifo(path: Path, message: str) -> bool:
     """Write ``message`` to the FIFO at ``path`` only if someone listens; never block.
 
-    A path that is not a FIFO (a planted regular file or symlink) is refused."""
+    A path that is not a FIFO (a planted regular file or symlink) is refused: a symlink by
+    the open, anything else by what the open file is (one lookup on the shared filesystem,
+    not two)."""
     try:
-        if not stat.S_ISFIFO(os.lstat(path).st_mode):
-            return False
         fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW)  # ENXIO: nobody listens
     except OSError:
         return False
     try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
         os.write(fd, f"{message}\n".encode())
     except OSError:
         return False

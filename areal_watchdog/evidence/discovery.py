@@ -26,6 +26,7 @@ are started by torchrun, srun or a scheduler, never by another part of the job.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,12 @@ from areal_watchdog.rundir.layout import (
     RunLayout,
     node_of,
 )
+from areal_watchdog.rundir.secure import run_dir_owner
+
+_REGISTRATION = re.compile(r"rank_\d+\.json")
+CACHE_LIMIT = 65536  # entries of each cache below before it starts over
+_READ: dict[tuple[str, int], object] = {}  # registration records by (path, inode)
+_ARMED: set[tuple[str, int, float]] = set()  # (stack file, pid, start) of armed processes
 
 
 @dataclass(frozen=True)
@@ -98,7 +105,7 @@ def discover(layout: RunLayout, scope: Scope, expected: int = 0) -> Discovered:
     processes we may read; this node's registration files (on the shared filesystem, by node:
     never the whole job's) are only read when fewer than ``expected`` ranks were found that
     way."""
-    owner = _owner(layout)
+    owner = run_dir_owner(layout.run_dir)
     found = Discovered()
     for proc in _from_environment(layout, scope, owner):
         if proc.rank is None:
@@ -118,7 +125,7 @@ def helpers(layout: RunLayout, scope: Scope, parts: dict[int, JobProcess]) -> li
     that are no part themselves: AReaL's reward process pool, a tool an episode runs, a
     DataLoader worker. Looked for only when evidence is gathered: what they wait in can be the
     hang (a reward function that never returns). Our own sidecars are never helpers."""
-    owner = _owner(layout)
+    owner = run_dir_owner(layout.run_dir)
     found: dict[int, list[JobProcess]] = {}
     for proc in psutil.process_iter():
         try:
@@ -147,14 +154,6 @@ def _is_helper(argv: list[str]) -> bool:
     return python and SIDECAR_MODULE not in argv
 
 
-def _owner(layout: RunLayout) -> int:
-    """The uid whose processes may be the job's: the run directory's owner."""
-    try:
-        return layout.run_dir.stat().st_uid
-    except OSError:
-        return os.geteuid()
-
-
 def _ours(proc: psutil.Process, owner: int) -> bool:
     try:
         return proc.uids().real == owner and proc.uids().effective == owner
@@ -164,14 +163,7 @@ def _ours(proc: psutil.Process, owner: int) -> bool:
 
 def _from_registrations(layout: RunLayout, scope: Scope, owner: int) -> dict[int, JobProcess]:
     found: dict[int, JobProcess] = {}
-    try:
-        names = os.listdir(layout.registrations(scope.node))
-    except OSError:
-        return found
-    for name in names:
-        if not (name.startswith("rank_") and name.endswith(".json")):
-            continue
-        record = read_json(layout.registrations(scope.node) / name)
+    for record in _registrations(layout.registrations(scope.node)):
         if not isinstance(record, dict) or record.get("run_id") != scope.run_id:
             continue
         if record.get("node") != scope.node:
@@ -197,6 +189,23 @@ def _from_registrations(layout: RunLayout, scope: Scope, owner: int) -> dict[int
             cooperative_signal=COOPERATIVE_SIGNAL if record.get("cooperative_signal") else None,
         )
     return found
+
+
+def _registrations(directory: Path) -> list[object]:
+    """The registration records of one node: one listing, and a file opened only when it is new
+    (a rank writes its registration once, by rename: a new inode), not at every discovery on the
+    shared filesystem."""
+    try:
+        entries = [e for e in os.scandir(directory) if _REGISTRATION.fullmatch(e.name)]
+    except OSError:
+        return []
+    if len(_READ) > CACHE_LIMIT:
+        _READ.clear()
+    for entry in entries:
+        key = (entry.path, entry.inode())
+        if key not in _READ:
+            _READ[key] = read_json(Path(entry.path))
+    return [_READ[(e.path, e.inode())] for e in entries]
 
 
 def _runs_our_wrapper(proc: psutil.Process) -> bool:
@@ -276,7 +285,7 @@ def _job_process(
                 rank=rank,
                 local_rank=int(env.get("LOCAL_RANK", "0")),
                 world_size=int(env.get("WORLD_SIZE", "1")),
-                cooperative_signal=_armed(layout.stack_file(rank)),
+                cooperative_signal=_armed(layout.stack_file(rank), pid, create_time),
             )
         except (KeyError, ValueError):
             return None
@@ -291,12 +300,20 @@ def _job_process(
         local_rank=0 if holds_rank else None,
         world_size=scope.world_size if holds_rank else None,
         address=who.address,
-        cooperative_signal=_armed(layout.process_stack_file(pid)),
+        cooperative_signal=_armed(layout.process_stack_file(pid), pid, create_time),
         hooked=True,
     )
 
 
-def _armed(stack_file: Path) -> int | None:
+def _armed(stack_file: Path, pid: int, create_time: float) -> int | None:
     """Our signal, when the process armed its cooperative dump (it opened its stack file in our
-    run directory, which nobody else may write)."""
-    return COOPERATIVE_SIGNAL if stack_file.is_file() else None
+    run directory, which nobody else may write). Armed once, armed for its life: the file is
+    looked at until it is there, not at every discovery."""
+    key = (str(stack_file), pid, create_time)
+    if key not in _ARMED:
+        if not stack_file.is_file():
+            return None
+        if len(_ARMED) > CACHE_LIMIT:
+            _ARMED.clear()
+        _ARMED.add(key)
+    return COOPERATIVE_SIGNAL

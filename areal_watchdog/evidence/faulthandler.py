@@ -13,6 +13,7 @@ import re
 import time
 from pathlib import Path
 
+from areal_watchdog.common.backoff import looks
 from areal_watchdog.evidence.model import Frame, ThreadStack
 from areal_watchdog.evidence.pyspy import StackError
 
@@ -33,10 +34,8 @@ def dump_cooperative(
         os.kill(pid, signal_number)
     except OSError as exc:
         raise StackError(f"cannot signal pid {pid}: {exc.strerror}") from None
-    deadline = time.monotonic() + timeout
     size, stable_since = start, None
-    while time.monotonic() < deadline:
-        time.sleep(0.01)
+    for _ in looks(timeout):
         current = stack_file.stat().st_size
         if current != size:
             size, stable_since = current, time.monotonic()

@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from areal_watchdog.common.atomic import read_json
+from areal_watchdog.common.backoff import looks
 from areal_watchdog.common.fifo import write_fifo
 from areal_watchdog.rundir.layout import RunLayout
 
@@ -55,9 +56,10 @@ def collect(layout: RunLayout, ranks: list[int], timeout: float) -> dict[int, di
             layout.nccl_pipe(rank), "1"
         ):
             asked_nccl.add(rank)
-    deadline = time.monotonic() + timeout
     traces: dict[int, dict[str, Any]] = {}
-    while time.monotonic() < deadline and len(traces) < len(ranks):
+    for _ in looks(timeout):
+        if len(traces) == len(ranks):
+            break
         for rank in ranks:
             if rank in traces:
                 continue
@@ -68,7 +70,6 @@ def collect(layout: RunLayout, ranks: list[int], timeout: float) -> dict[int, di
             )
             if trace is not None:
                 traces[rank] = strip(trace)
-        time.sleep(0.005)
     return traces
 
 

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from areal_watchdog.common.atomic import read_json
+from areal_watchdog.common.backoff import looks
 from areal_watchdog.common.fifo import write_fifo
 from areal_watchdog.rundir.layout import RunLayout
 
@@ -20,8 +21,9 @@ def collect(layout: RunLayout, pids: list[int], timeout: float) -> dict[int, dic
     request = f"{os.getpid()}-{time.time_ns()}"
     asked = [pid for pid in pids if write_fifo(layout.tasks_trigger(pid), request)]
     dumps: dict[int, dict[str, Any]] = {}
-    deadline = time.monotonic() + timeout
-    while asked and time.monotonic() < deadline and len(dumps) < len(asked):
+    for _ in looks(timeout if asked else 0):
+        if len(dumps) == len(asked):
+            break
         for pid in asked:
             record = pid not in dumps and read_json(layout.tasks_dump(pid))
             if isinstance(record, dict) and (record.get("request"), record.get("pid")) == (
@@ -29,5 +31,4 @@ def collect(layout: RunLayout, pids: list[int], timeout: float) -> dict[int, dic
                 pid,
             ):
                 dumps[pid] = record
-        time.sleep(0.01)
     return dumps

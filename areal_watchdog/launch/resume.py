@@ -28,6 +28,7 @@ from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.plan import LaunchPlan
 from areal_watchdog.launch.replay_decides import ReplayFinding, replay_decides
 from areal_watchdog.launch.resume_policy import Decision, Hang, decide
+from areal_watchdog.launch.slurm.jobs import cluster_nodes
 from areal_watchdog.launch.slurm.replay import NEW_ALLOCATION, SlurmReplayHost
 from areal_watchdog.notify.recovery import send_recovery
 from areal_watchdog.notify.sinks import SinkSpec
@@ -255,12 +256,13 @@ def _replayed(
 
 
 def _named_nodes(report: dict[str, Any] | None) -> set[str]:
-    """The nodes a hang's evidence names: its culprits' and the ones that stopped answering;
-    never this host, which runs the launcher (and AReaL's controller), not the job's ranks:
-    Slurm refuses an exclusion of a node it does not know."""
+    """The Slurm nodes a hang's evidence names: its culprits' and the ones that stopped
+    answering; never this host, which runs the launcher (and AReaL's controller), not the
+    job's ranks, nor a name the cluster does not know (sbatch refuses the whole job then)."""
     report = report or {}
     names = [*(report.get("culprit_nodes") or []), *(report.get("unanswered_nodes") or [])]
-    return {n for n in names if isinstance(n, str) and n} - {socket.gethostname()}
+    named = {n for n in names if isinstance(n, str) and n} - {socket.gethostname()}
+    return named & cluster_nodes() if named else named
 
 
 def _resumed_plan(

@@ -9,39 +9,42 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from areal_watchdog.common.atomic import write_json_atomic
+from areal_watchdog.rundir.beats import beat_name, beats_node, pause_name
 from areal_watchdog.rundir.layout import ENV_RUN_ID, ENV_WATCH_DIR, RunLayout
-
-_MIN_REWRITE_INTERVAL = 1.0  # seconds between two writes that carry the same step
 
 
 class _Beacon:
-    """Where this process writes its heartbeats; resolved once from the environment."""
+    """Where this process writes its heartbeats (``rundir.beats``); resolved once from the
+    environment."""
 
     def __init__(self) -> None:
         watch_dir = os.environ.get(ENV_WATCH_DIR)
         self.rank = int(os.environ.get("RANK", "0"))
         self.run_id = os.environ.get(ENV_RUN_ID, "")
-        self.layout = RunLayout(Path(watch_dir).parent) if watch_dir else None
+        layout = RunLayout(Path(watch_dir).parent) if watch_dir else None
+        self.directory = layout.heartbeats(beats_node()) if layout else None
+        self.current: Path | None = None  # this rank's heartbeat name, once written
         self.last_step: int | None = None
-        self.last_write = 0.0
 
     def beat(self, step: int | None) -> None:
-        if self.layout is None:
-            return
-        now = time.time()
-        if step == self.last_step and now - self.last_write < _MIN_REWRITE_INTERVAL:
-            return
-        record = {"run_id": self.run_id, "rank": self.rank, "step": step, "time": now}
+        if self.directory is None or (self.current is not None and step in (None, self.last_step)):
+            return  # nothing new: alive without a step says nothing a listing would show
+        beat = self.directory / beat_name(self.rank, step, self.run_id)
         try:
-            write_json_atomic(self.layout.heartbeat(self.rank), record)
+            if self.current is not None:
+                os.rename(self.current, beat)
+            else:
+                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.close(os.open(beat, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o600))
         except OSError:
+            self.current = None  # written anew next time (the run directory was reset)
             return  # the watchdog observes; it never breaks training
-        self.last_step, self.last_write = step, now
+        self.current, self.last_step = beat, step
 
     def pause(self, seconds: float, reason: str) -> Path | None:
-        if self.layout is None:
+        if self.directory is None:
             return None
-        path = self.layout.pause(self.rank)
+        path = self.directory / pause_name(self.rank)
         record = {
             "run_id": self.run_id,
             "rank": self.rank,
@@ -49,6 +52,7 @@ class _Beacon:
             "reason": reason,
         }
         try:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             write_json_atomic(path, record)
         except OSError:
             return None
@@ -69,8 +73,8 @@ def heartbeat(step: int | None = None) -> None:
     """Tell the watchdog this rank made progress: ``step`` is the last COMPLETED global step
     (the meaning of "step" everywhere: step lines, reports), or None when only alive.
 
-    Safe to call every step from every rank: a write happens at most when the step changes or
-    once a second, and nothing at all happens when no watchdog runs.
+    Safe to call every step from every rank: a file is renamed only when the step changes (the
+    first call creates it), and nothing at all happens when no watchdog runs.
     """
     _get_beacon().beat(step)
 

@@ -230,11 +230,9 @@ class RunLayout:
         """A Ray worker's role, written once AReaL names it (its command line never says)."""
         return self.procs_dir / f"{pid}.role.json"
 
-    def heartbeat(self, rank: int) -> Path:
-        return self.heartbeats_dir / f"rank_{rank}.json"
-
-    def pause(self, rank: int) -> Path:
-        return self.heartbeats_dir / f"pause_rank_{rank}.json"
+    def heartbeats(self, node: str) -> Path:
+        """One node's heartbeats and pauses (``rundir.beats``)."""
+        return self.heartbeats_dir / node
 
     def node_status(self, node: str) -> Path:
         return self.status_dir / f"{node}.json"

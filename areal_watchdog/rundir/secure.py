@@ -15,6 +15,7 @@ directory only we could have written.
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from pathlib import Path
@@ -51,6 +52,17 @@ def ensure_private_dir(path: Path, mode: int) -> None:
     except OSError as exc:
         raise UserError(f"{path}: cannot create the directory: {exc.strerror}") from None
     _check_owned(path, allow_root=False)
+
+
+@functools.lru_cache(maxsize=16)
+def run_dir_owner(run_dir: Path) -> int:
+    """The uid of the job's user (the run directory's owner; ours when it cannot be read):
+    whose processes and logs count. Looked up once a process: a stat on the shared filesystem
+    each time told nothing new."""
+    try:
+        return run_dir.stat().st_uid
+    except OSError:
+        return os.geteuid()
 
 
 def check_run_dir(run_dir: Path) -> Path:

@@ -36,7 +36,7 @@ from areal_watchdog.report.write import write_incident
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_CANCEL_FD
 from areal_watchdog.trajectory.format import complete_steps
-from areal_watchdog.watch.coordination import Coordinator
+from areal_watchdog.watch.coordination import ENDED_STATES, Coordinator
 from areal_watchdog.watch.node import NodeWatch
 from areal_watchdog.watch.progress import StallClock
 from areal_watchdog.watch.second_look import RETRY_LOOPS, marks, moved
@@ -294,7 +294,11 @@ class Incidents:
         return True
 
     def gather(self, trigger: Trigger, lost: list[str], statuses: dict) -> tuple[Evidence, float]:
-        """Evidence from this node directly and from every other live node by request."""
+        """Evidence from this node directly and from every other live node by request. A node
+        already silent for ``node_timeout`` (and not ending) is lost, not waited for: after a
+        node was lost, every later report waited ``evidence_timeout`` for its answer."""
+        ended = {n for n, status in statuses.items() if status.get("state") in ENDED_STATES}
+        lost = [*lost, *(n for n in self.coordinator.lost_nodes(ended) if n not in lost)]
         peers = [n for n in self.nodes if n != self.node and n not in lost]
         request_id = self.coordinator.request_evidence(trigger.value) if peers else ""
         self.answered.add(request_id)

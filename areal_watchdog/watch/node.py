@@ -75,10 +75,14 @@ class NodeWatch:
         return self.scope.node
 
     def refresh(self, now: float, force: bool = False) -> None:
-        """Find new processes (a full scan only now and then) and sample the known ones."""
+        """Find new processes (every poll until every rank was seen, then only now and then: a
+        rank that died is not looked for at every poll) and sample the known ones."""
         self.polls += 1
-        if force or len(self.live) < self.expected or self.polls % DISCOVERY_EVERY == 1:
-            found = discover(self.layout, self.scope, self.expected)
+        unseen = len({*self.live, *self.gone}) < self.expected  # start-up: not every rank yet
+        if force or unseen or self.polls % DISCOVERY_EVERY == 1:
+            # a rank that ended is not looked for in the registrations again
+            missing = self.expected - len(self.gone.keys() - self.live.keys())
+            found = discover(self.layout, self.scope, missing)
             for rank, proc in found.ranks.items():
                 self._adopt(self.live, self.gone, rank, proc, now)
             for pid, proc in found.workers.items():

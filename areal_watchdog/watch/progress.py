@@ -20,8 +20,10 @@ from pathlib import Path
 import regex
 
 from areal_watchdog.common.atomic import read_json
+from areal_watchdog.rundir.beats import beat_step
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.rundir.secure import run_dir_owner
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 LINE_BUDGET_S = 0.05  # the longest one log line may take to match watchdog.step_regex
@@ -61,6 +63,9 @@ class _Cursor:
     partial: bytes = b""
 
 
+GLOB_EVERY = 10  # polls between two matchings of the log patterns, once a file matched
+
+
 class StepLogTail:
     """Follow every file matching the glob patterns and return the step numbers of new lines.
 
@@ -77,6 +82,8 @@ class StepLogTail:
         self.phases = StepPhases()
         self.total: int | None = None  # the job's last step, as the last step line said
         self._started = False
+        self._polls = 0
+        self._known: list[str] = []  # the paths the patterns matched at the last look
 
     def poll(self) -> list[int]:
         """Step numbers printed since the last call; files present at the first call start at
@@ -107,10 +114,17 @@ class StepLogTail:
         return steps
 
     def _paths(self) -> list[str]:
+        """The files to follow: the patterns are matched again every ``GLOB_EVERY`` polls, or
+        every poll while they match nothing (a glob lists every directory on its way: five
+        operations a poll on the shared filesystem for torchrun's log of rank 0)."""
+        self._polls += 1
+        if self._known and self._polls % GLOB_EVERY != 1:
+            return self._known
         paths: set[str] = set()
         for pattern in self.patterns:
             paths.update(glob.glob(pattern, recursive=True))
-        return sorted(paths)
+        self._known = sorted(paths)
+        return self._known
 
     def _read_new(self, path: str, cursor: _Cursor) -> list[int]:
         try:
@@ -205,27 +219,25 @@ class HeartbeatState:
     pause_reason: str = ""
 
 
-def read_heartbeats(layout: RunLayout, run_id: str, ranks: list[int]) -> HeartbeatState:
-    """The heartbeat and pause files of ``ranks`` (this node's: the other nodes' reach the
-    leader through their sidecars' statuses), read by name."""
+def read_heartbeats(layout: RunLayout, run_id: str, node: str) -> HeartbeatState:
+    """The heartbeats and announced pauses of ``node``'s ranks (``rundir.beats_node``; the
+    other nodes' reach the leader through their sidecars' statuses): one listing, a pause file
+    opened only when listed."""
     state = HeartbeatState()
-    for rank in ranks:
-        for path in (layout.heartbeat(rank), layout.pause(rank)):
-            record = read_json(path)
-            if isinstance(record, dict) and record.get("run_id") == run_id:
-                _merge(state, record, path.name.startswith("pause_"))
+    directory = layout.heartbeats(node)
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return state  # no rank of this node uses the heartbeat API
+    steps = [s for s in (beat_step(n, run_id) for n in names) if s is not None]
+    state.max_step = max(steps, default=None)
+    for name in names:
+        record = read_json(directory / name) if name.startswith("pause_") else None
+        if isinstance(record, dict) and record.get("run_id") == run_id:
+            until = float(record.get("until", 0))
+            if until > state.pause_until:
+                state.pause_until, state.pause_reason = until, str(record.get("reason", ""))
     return state
-
-
-def _merge(state: HeartbeatState, record: dict, pause: bool) -> None:
-    if pause:
-        until = float(record.get("until", 0))
-        if until > state.pause_until:
-            state.pause_until, state.pause_reason = until, str(record.get("reason", ""))
-        return
-    step = record.get("step")
-    if isinstance(step, int) and (state.max_step is None or step > state.max_step):
-        state.max_step = step
 
 
 @dataclass
@@ -340,6 +352,6 @@ def default_log_patterns(layout: RunLayout, info: LaunchInfo, first_node: str = 
 def _owner_name(layout: RunLayout) -> str:
     """The login name AReaL puts in its log path (``getpass.getuser()`` of the launcher)."""
     try:
-        return pwd.getpwuid(layout.run_dir.stat().st_uid).pw_name
-    except (OSError, KeyError):
+        return pwd.getpwuid(run_dir_owner(layout.run_dir)).pw_name
+    except KeyError:
         return getpass.getuser()

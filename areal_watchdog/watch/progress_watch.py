@@ -4,6 +4,7 @@ A part of ``Sidecar``, kept apart by concept."""
 
 from __future__ import annotations
 
+from areal_watchdog.rundir.beats import beats_node
 from areal_watchdog.watch.progress import LINE_BUDGET_S, read_heartbeats
 from areal_watchdog.watch.triggers import progressed
 
@@ -29,7 +30,7 @@ class ProgressWatch:
                 "lines are skipped; simplify the pattern"
             )
         if leading or due:
-            self.beats = read_heartbeats(self.layout, self.info.run_id, self.watch.local_ranks())
+            self.beats = read_heartbeats(self.layout, self.info.run_id, beats_node())
         steps += [s for s in (self.beats.max_step,) if s is not None]
         pause_until, pause_reason = self.beats.pause_until, self.beats.pause_reason
         for node, status in self.statuses.items():

@@ -33,7 +33,8 @@ from areal_watchdog.notify.notifier import Notifier
 from areal_watchdog.notify.sinks import SinkSpec
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_RAYLET
-from areal_watchdog.watch.coordination import Coordinator
+from areal_watchdog.rundir.secure import run_dir_owner
+from areal_watchdog.watch.coordination import ENDED_STATES, Coordinator
 from areal_watchdog.watch.incident import Incidents, local_evidence
 from areal_watchdog.watch.job_end import JobEnd
 from areal_watchdog.watch.launcher_heartbeat import watch_heartbeat
@@ -57,7 +58,6 @@ from areal_watchdog.watch.triggers import (
 )
 
 NOTIFY_FINISH_TIMEOUT = 30.0  # seconds to finish sending before the rest waits in the spool
-ENDED_STATES = ("ending", "finished")  # a node that says so is not lost when it falls silent
 FOLLOWER_LINGER = 60.0  # seconds a finished follower keeps answering a leader that has not finished
 
 
@@ -76,13 +76,14 @@ class Sidecar(JobEnd, ProgressWatch):
 
     def __post_init__(self) -> None:
         wd = self.info.watchdog
+        self.log_file: Any = None  # this node's sidecar log, once opened
         self.layout = self.info.layout
         self.clock = StallClock(
             wd.stall_timeout, wd.startup_timeout, wd.auto_factor, wd.auto_min_timeout,
             wd.teardown_timeout,
         )  # fmt: skip
         patterns = default_log_patterns(self.layout, self.info, self.nodes[0])
-        owner = self.layout.run_dir.stat().st_uid  # the job's user: its logs alone count
+        owner = run_dir_owner(self.layout.run_dir)  # the job's user: its logs alone count
         self.tail = StepLogTail(patterns + list(wd.log_files), wd.step_regex, owner)
         self.refusals_said: set[str] = set()
         specs = [SinkSpec.from_dict(d) for d in wd.notify]
@@ -114,6 +115,7 @@ class Sidecar(JobEnd, ProgressWatch):
         self.last_said = ""
         self.gone_since: float | None = None
         self.exited_at: float | None = None
+        self.answered_progress: float | None = -1.0  # the stall we answered for: its progress
         self.pause_said = 0.0  # the end of the announced pause already said
         self.run_dir_lost = False
         self.slow_said = False
@@ -129,13 +131,17 @@ class Sidecar(JobEnd, ProgressWatch):
             print(f"[areal-watchdog {self.node}] {message}", file=self.out, flush=True)
 
     def log(self, message: str) -> None:
-        """A line in this node's sidecar log file (best effort: a full disk loses lines)."""
+        """A line in this node's sidecar log file (best effort: a full disk loses lines). The
+        file stays open: one open for the sidecar's life, not one a line on the shared
+        filesystem; a write that fails opens it again next time."""
         try:
-            path = self.layout.logs_dir / f"sidecar_{self.node}.log"
-            with open_append(path) as fh:
-                fh.write(f"{time.strftime('%H:%M:%S')} {self.notifier.redactor.scrub(message)}\n")
-        except (OSError, AttributeError):
-            pass
+            if self.log_file is None:
+                self.log_file = open_append(self.layout.logs_dir / f"sidecar_{self.node}.log")
+            line = f"{time.strftime('%H:%M:%S')} {self.notifier.redactor.scrub(message)}\n"
+            self.log_file.write(line)
+            self.log_file.flush()
+        except (OSError, AttributeError, ValueError):
+            self.log_file = None
 
     def open_gpus(self) -> GpuBackend:
         wd = self.info.watchdog
@@ -163,12 +169,28 @@ class Sidecar(JobEnd, ProgressWatch):
             self.guarded(self.poll, time.time())
             if self.done:
                 break
-            wait = min(wd.poll_interval, max(0.01, self.clock.crossed_at() - time.time() + 0.01))
-            time.sleep(wait)
+            time.sleep(self.pause(wd.poll_interval))
         if self.stopping and not self.done:
             self.guarded(lambda _now: self.on_job_ending(), time.time())
         self.notifier.close(timeout=NOTIFY_FINISH_TIMEOUT)
         return 0
+
+    def reads_leader_closely(self, now: float) -> bool:
+        """Whether a follower reads the leader's status every poll, else when due: from a poll
+        before the stall threshold until it answered for this stall (the evidence request comes
+        then; a second look's comes later, on purpose), while ranks run here (after the end,
+        that was a read a second for nothing)."""
+        crossing = now >= self.clock.crossed_at() - self.info.watchdog.poll_interval
+        answered = self.answered_progress == self.clock.last_progress_at
+        return crossing and not answered and self.own_exit is None
+
+    def pause(self, poll_interval: float) -> float:
+        """Until the next poll: a poll interval, or less when the stall threshold comes first
+        (the leader looks the moment it is crossed). Once it is crossed, a poll interval again:
+        a follower polling the leader's status as fast as it can read it while the job hangs
+        made some 30 reads a second on the shared filesystem."""
+        until = self.clock.crossed_at() - time.time()
+        return min(poll_interval, until + 0.01) if until > 0 else poll_interval
 
     def guarded(self, step: Any, now: float) -> None:
         """Run one step; its failure (a full disk, a deleted file, a bug) is logged, said once
@@ -183,11 +205,11 @@ class Sidecar(JobEnd, ProgressWatch):
         """One observation; the leader may open an incident. A follower reads one file a poll
         (the leader's status); what matters less often waits until its status is due."""
         due = self.coordinator.due()
-        judging = due or self.coordinator.is_leader()  # the leader may report: it checks each poll
+        judging = self.coordinator.is_leader()  # only a leader reports: it checks each poll
         if self.run_dir_lost or (judging and not self.run_dir_present()):
             return
         self.incidents.write_pending()
-        self.statuses = self.coordinator.refresh()
+        self.statuses = self.coordinator.refresh(closely=self.reads_leader_closely(now))
         leading = self.coordinator.is_leader()
         self.observe_progress(now, leading, due)
         self.learn_step_time()
@@ -255,6 +277,7 @@ class Sidecar(JobEnd, ProgressWatch):
         if request is None or request["id"] in self.incidents.answered:
             return
         self.incidents.answered.add(request["id"])
+        self.answered_progress = self.clock.last_progress_at
         if request.get("by") == self.node:
             return  # the leader gathers its own node directly
         mine = local_evidence(self.info, self.watch)

@@ -43,6 +43,21 @@ def job_state(job_id: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S*)", out.stdout))
 
 
+def expand_nodelist(nodelist: str) -> list[str]:
+    """A Slurm nodelist (``node[1-3],gpu7``) as node names, in Slurm's order."""
+    out = slurm(["scontrol", "show", "hostnames", nodelist])
+    if out.returncode != 0:
+        raise UserError(f"scontrol show hostnames {nodelist}: {out.stderr.strip() or 'failed'}")
+    return out.stdout.split()
+
+
+def cluster_nodes() -> set[str]:
+    """The node names this cluster knows (``sinfo -N``): sbatch refuses an ``--exclude`` of
+    any other name, so nothing else may go there. Empty when Slurm does not answer."""
+    out = slurm(["sinfo", "-h", "-N", "-o", "%N"])
+    return set(out.stdout.split()) if out.returncode == 0 else set()
+
+
 def checked_job_id(value: object, source: str = "job id") -> str:
     """``value`` as a Slurm job id, or UserError: never anything that a command line could
     read as an option or as several arguments."""

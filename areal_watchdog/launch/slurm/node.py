@@ -20,6 +20,7 @@ from pathlib import Path
 from areal_watchdog.common.atomic import read_json, write_json_atomic
 from areal_watchdog.launch.gate import pass_gate
 from areal_watchdog.launch.plan import Gate
+from areal_watchdog.launch.slurm.jobs import expand_nodelist
 from areal_watchdog.launch.torchrun import multi_node, torchrun_command
 from areal_watchdog.rundir.layout import ENV_NODE, RunLayout
 
@@ -75,13 +76,7 @@ class NodeJob:
 
 def slurm_nodes() -> list[str]:
     """The job's node names in Slurm's order."""
-    out = subprocess.run(
-        ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out.stdout.split()
+    return expand_nodelist(os.environ["SLURM_JOB_NODELIST"])
 
 
 def node_address(node: str) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 from areal_watchdog.common.rankset import format_ranks
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.slurm.backend import container_prefix
-from areal_watchdog.launch.slurm.jobs import job_state, slurm
+from areal_watchdog.launch.slurm.jobs import expand_nodelist, job_state
 from areal_watchdog.launch.slurm.options import validate_slurm
 from areal_watchdog.trajectory.replay_plan import ReplayRequest, plan_replay_config
 
@@ -30,8 +30,8 @@ class SlurmReplayHost:
         self, config: JobConfig, excluded: set[str], allocation: str | None = None
     ) -> None:
         self.config, self.excluded = config, excluded
-        nodes = allocation_nodes(allocation) if allocation else []
-        self.allocation = allocation if set(nodes) - excluded else None
+        self.nodes = allocation_nodes(allocation) if allocation else []
+        self.allocation = allocation if set(self.nodes) - excluded else None
         self.where = (
             f"on a node of job {allocation}'s allocation" if self.allocation else NEW_ALLOCATION
         )
@@ -56,7 +56,7 @@ class SlurmReplayHost:
 
     def _in_allocation(self) -> list[str]:
         """A step of the kept allocation, on none of its nodes the hangs named."""
-        named = sorted(self.excluded & set(allocation_nodes(self.allocation or "")))
+        named = sorted(self.excluded & set(self.nodes))
         return [f"--jobid={self.allocation}", *([f"--exclude={','.join(named)}"] if named else [])]
 
     def _new_allocation(self, options: dict) -> list[str]:
@@ -80,4 +80,4 @@ def allocation_nodes(job_id: str) -> list[str]:
     nodelist = job_state(job_id).get("NodeList", "")
     if not nodelist or nodelist == "(null)":
         return []
-    return slurm(["scontrol", "show", "hostnames", nodelist]).stdout.split()
+    return expand_nodelist(nodelist)

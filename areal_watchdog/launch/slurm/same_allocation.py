@@ -21,6 +21,7 @@ from areal_watchdog.common.atomic import read_json, write_json_atomic
 from areal_watchdog.launch.slurm.node import NodeJob
 from areal_watchdog.rundir.layout import ENV_RUN_ID, RunLayout
 
+ENV_PREFIX = "AREAL_WATCHDOG_"
 DECISION_TIMEOUT = 3600.0  # seconds the allocation waits for a launcher that says nothing
 
 
@@ -44,9 +45,18 @@ def resumed(job: NodeJob) -> NodeJob:
     record = read_json(RunLayout(Path(job.run_dir)).resume_request_file)
     if not isinstance(record, dict) or record.get("job_id") != os.environ.get("SLURM_JOB_ID"):
         return job
-    extra = {**record.get("env", {}), ENV_RUN_ID: str(record["run_id"])}
+    run_id, env = record.get("run_id"), record.get("env")
+    if not isinstance(run_id, str) or not run_id or not isinstance(env, dict):
+        return job
+    extra = {k: v for k, v in env.items() if _ours(k, v)} | {ENV_RUN_ID: run_id}
     servers = job.servers and replace(job.servers, env={**job.servers.env, **extra})
-    return replace(job, run_id=str(record["run_id"]), env={**job.env, **extra}, servers=servers)
+    return replace(job, run_id=run_id, env={**job.env, **extra}, servers=servers)
+
+
+def _ours(key: object, value: object) -> bool:
+    """A variable the launcher may hand a resumed step: only the watchdog's own (a request
+    naming LD_PRELOAD or PATH is never believed)."""
+    return isinstance(key, str) and key.startswith(ENV_PREFIX) and isinstance(value, str)
 
 
 def await_decision(run_dir: Path, timeout: float = DECISION_TIMEOUT) -> int:

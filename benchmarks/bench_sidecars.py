@@ -1,0 +1,327 @@
+"""The whole sidecar at scale, measured from outside: real sidecar processes, real stand-in
+ranks, every path operation on the run directory counted in the kernel (bpftrace).
+
+Up to 64 nodes are real (``fleet/spawner.py``: each a real sidecar, ``python -m
+areal_watchdog.watch.sidecar --node``, and its stand-in ranks under our rank wrapper, which
+register, print AReaL's step line on rank 0 and heartbeat every step); the other nodes of a
+256- or 1,024-node job are the real ``Coordinator`` ticked in this process, publishing and
+answering evidence requests as a sidecar's loop does (``bench_scale``). A bpftrace program on the
+system calls that take a path (open, listing, stat, access, rename, mkdir, unlink, readlink)
+prints every one that names the run directory, with its process and that process's parent; an
+operation counts for the real sidecar it comes from (py-spy's for the sidecar that started it).
+strace counted the same, but its stops cost more CPU than 64 sidecars on two cores have. The
+states, one after the other:
+
+- **start-up**: the first seconds, the ranks starting and registering;
+- **steady**: every rank stepping;
+- **a node lost**: a follower's sidecar and ranks killed; until the leader names it;
+- **a rank dead**: one rank of another follower killed (after the lost node: a failure reported
+  first would leave the loss unreported, as the job is failing anyway);
+- **a hang**: every rank stuck (in a sleep, as in a collective: it still answers signals);
+  from the stall threshold to ``report.json``;
+- **after the end**: every rank returned, the sidecars lingering.
+
+``AREAL_BENCH_NETFS=DIR`` puts the run directory on the network filesystem of ``scripts/netfs.sh
+up DIR``, and gives every real node a client of its own (a mount namespace each).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench_scale import node_evidence
+
+from areal_watchdog.config.load import load_config
+from areal_watchdog.launch.job import job_environment, launch_files, prepare_run_dir
+from areal_watchdog.launch.plan import LaunchPlan
+from areal_watchdog.rundir.launch_info import LaunchInfo
+from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.watch.coordination import Coordinator
+
+REPO = Path(__file__).resolve().parents[1]
+SPAWNER = Path(__file__).resolve().parent / "fleet" / "spawner.py"
+RANKS_PER_NODE = 2  # real ones a node (memory: 64 x 2 ranks + 64 sidecars on this machine)
+POLL, NODE_TIMEOUT, STALL = 1.0, 10.0, 10.0
+# The system calls that name a path, and the argument that holds it.
+PATH_CALLS = {
+    "openat": "filename", "newfstatat": "filename", "statx": "filename",
+    "faccessat2": "filename", "renameat2": "oldname", "rename": "oldname",
+    "unlinkat": "pathname", "mkdirat": "pathname", "readlinkat": "pathname",
+}  # fmt: skip
+
+
+@dataclass
+class Simulated:
+    """The nodes beyond the real ones: the real Coordinator, ticked once a poll here."""
+
+    coordinators: list[Coordinator]
+    ranks: dict[str, dict[str, int]]  # each node's ranks, as a real status lists them
+    answered: dict[str, str] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self.stop.wait(POLL):
+            for coordinator in self.coordinators:
+                coordinator.refresh()
+                request = coordinator.current_request()
+                if request is not None and self.answered.get(coordinator.node) != request["id"]:
+                    coordinator.answer(
+                        request["id"], node_evidence(coordinator.node, RANKS_PER_NODE)
+                    )
+                    self.answered[coordinator.node] = request["id"]
+                coordinator.publish(
+                    {"state": "watching", "ranks_alive": self.ranks[coordinator.node]}
+                )
+
+
+@dataclass
+class Fleet:
+    """The real processes, their path operations' counter, and the windows of each state (by
+    the kernel's monotonic clock, which stamps the operations)."""
+
+    proc: subprocess.Popen
+    counter: subprocess.Popen
+    spec: Path
+    windows: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def command(self, line: str) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        self.proc.stdout.readline()  # "done ..."
+
+    def window(self, state: str, seconds: float) -> None:
+        started = time.monotonic()
+        time.sleep(seconds)
+        self.windows[state] = (started, time.monotonic())
+
+    def pids(self) -> dict:
+        path = Path(f"{self.spec}.pids.json")
+        deadline = time.monotonic() + 120
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return json.loads(path.read_text())
+
+
+def _counter(run_dir: Path, out: Path) -> subprocess.Popen:
+    """bpftrace printing ``NSECS PID PARENT CALL PATH`` for each operation on ``run_dir``,
+    attached before this returns."""
+    prefix = str(run_dir)
+    program = "\n".join(
+        f"tracepoint:syscalls:sys_enter_{call} "
+        f'/strncmp(str(args->{arg}), "{prefix}", {len(prefix)}) == 0/ '
+        f'{{ printf("%llu %d %d {call} %s\\n", nsecs, pid, curtask->real_parent->tgid, '
+        f"str(args->{arg})); }}"
+        for call, arg in PATH_CALLS.items()
+    )
+    env = {**os.environ, "BPFTRACE_STRLEN": "200"}
+    proc = subprocess.Popen(["bpftrace", "-e", program], stdout=out.open("w"),
+                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while "Attaching" not in out.read_text() and time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"bpftrace failed: {proc.stderr.read()[-500:]}")  # type: ignore[union-attr]
+        time.sleep(0.2)
+    return proc
+
+
+def _incident(run_dir: Path, category: str, after: float, timeout: float) -> dict | None:
+    """The first report of ``category`` written after ``after``, waited for."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for path in sorted(run_dir.glob("incidents/*/report.json")):
+            if path.stat().st_mtime > after:
+                report = json.loads(path.read_text())
+                if report.get("category") == category or category == "*":
+                    return {**report, "written_at": path.stat().st_mtime}
+        time.sleep(0.25)
+    return None
+
+
+def _config(root: Path, n_nodes: int):
+    return load_config(
+        REPO / "examples" / "hang_demo" / "config.yaml",
+        [f"cluster.fileroot={root}", "experiment_name=bench", "trial_name=fleet",
+         f"cluster.n_nodes={n_nodes}", f"launch.nproc_per_node={RANKS_PER_NODE}",
+         f"watchdog.poll_interval={POLL}", f"+watchdog.node_timeout={NODE_TIMEOUT}",
+         f"watchdog.stall_timeout={STALL}", "watchdog.on_hang=report",
+         "+watchdog.confirm_after=0"],
+    )  # fmt: skip
+
+
+def _start(
+    root: Path, n_nodes: int, real: int, traces: Path, netfs: str | None
+) -> tuple[Fleet, Simulated, Path]:
+    """The run directory as a Slurm launch writes it, the simulated nodes, the real ones (with
+    ``netfs``, each with a client of its own)."""
+    config = _config(root, n_nodes)
+    layout, run_id = RunLayout(config.run_dir.resolve()), "fleet" + os.urandom(3).hex()
+    nodes = [f"node{i:04d}" for i in range(n_nodes)]
+    info = LaunchInfo.for_config(
+        config, run_id, "slurm", layout.run_dir, n_nodes * RANKS_PER_NODE, nodes
+    )
+    files = launch_files(config, info, watchdog=True)
+    prepare_run_dir(LaunchPlan("slurm", run_id, str(layout.run_dir), files, []))
+    rank0_log = layout.torchrun_logs_dir / nodes[0] / "bench" / "attempt_0" / "0" / "stdout.log"
+    rank0_log.parent.mkdir(parents=True)
+    env = job_environment(config, layout, run_id, None, watchdog=True)
+    spec = traces / "spec.json"
+    spec.write_text(json.dumps({
+        "python": sys.executable, "run_dir": str(layout.run_dir), "logs": str(traces),
+        "nodes": nodes[:real], "ranks_per_node": RANKS_PER_NODE,
+        "world_size": n_nodes * RANKS_PER_NODE, "env": env, "rank0_log": str(rank0_log),
+        "mount": ["bash", str(REPO / "scripts" / "netfs.sh"), "client", netfs] if netfs else None,
+        "mount_point": str(Path(netfs, "mnt")) if netfs else None,
+    }))  # fmt: skip
+    simulated = Simulated(
+        [Coordinator(layout, run_id, n, list(nodes), NODE_TIMEOUT) for n in nodes[real:]],
+        {n: {str(i * RANKS_PER_NODE + r): 0 for r in range(RANKS_PER_NODE)}
+         for i, n in enumerate(nodes)},
+    )  # fmt: skip
+    threading.Thread(target=simulated.run, daemon=True).start()
+    counter = _counter(layout.run_dir, traces / "ops.txt")
+    proc = subprocess.Popen(
+        [sys.executable, str(SPAWNER), str(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    return Fleet(proc, counter, spec), simulated, layout.run_dir
+
+
+def _count(ops: Path, roots: dict[int, str]) -> dict[str, list[float]]:
+    """The operations' times by real sidecar: its own, and its children's (py-spy)."""
+    stamps: dict[str, list[float]] = defaultdict(list)
+    with ops.open(errors="replace") as lines:
+        for line in lines:
+            fields = line.split(" ", 4)
+            if len(fields) < 5 or not fields[0].isdigit():
+                continue
+            node = roots.get(int(fields[1])) or roots.get(int(fields[2]))
+            if node is not None:
+                stamps[node].append(int(fields[0]) / 1e9)
+    return stamps
+
+
+def _rates(
+    stamps: dict[str, list[float]], window: tuple[float, float], nodes: list[str]
+) -> dict[str, float]:
+    start, end = window
+    return {n: sum(start <= t < end for t in stamps.get(n, [])) / (end - start) for n in nodes}
+
+
+def measure(n_nodes: int, real: int, windows: float) -> list[StateCost]:
+    """One job of ``n_nodes`` (``real`` of them real) through every state, ``windows`` seconds
+    for those that last as long as one likes."""
+    netfs = os.environ.get("AREAL_BENCH_NETFS")
+    root = Path(netfs, "mnt") if netfs else Path(tempfile.gettempdir())
+    with tempfile.TemporaryDirectory(dir=root) as tmp, tempfile.TemporaryDirectory() as traces:
+        fleet, simulated, run_dir = _start(Path(tmp), n_nodes, real, Path(traces), netfs)
+        try:
+            pids = fleet.pids()
+            notes = _states(fleet, run_dir, windows)
+        finally:
+            simulated.stop.set()
+            for proc in (fleet.proc, fleet.counter):
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        roots = {int(pid): node for node, pid in pids["sidecars"].items()}
+        stamps = _count(Path(traces) / "ops.txt", roots)
+        if os.environ.get("AREAL_BENCH_KEEP"):  # the operations and windows, to read the paths
+            kept = Path(os.environ["AREAL_BENCH_KEEP"])
+            subprocess.run(["cp", "-r", traces, str(kept / f"traces-{n_nodes}")], check=True)
+            (kept / f"windows-{n_nodes}.json").write_text(json.dumps([fleet.windows, pids]))
+    return _costs(n_nodes, sorted(roots.values()), fleet.windows, stamps, notes)
+
+
+def _states(fleet: Fleet, run_dir: Path, windows: float) -> dict[str, str]:
+    """Take the job through every state; what the leader did about the lost node and the hang."""
+    fleet.window("start-up", windows)
+    fleet.window("steady", 2 * windows)
+    started, killed = time.monotonic(), time.time()
+    fleet.command(f"kill-node node{2:04d}")
+    lost = _incident(run_dir, "node_lost", killed, 6 * NODE_TIMEOUT)
+    fleet.windows["a node lost"] = (started, time.monotonic())
+    fleet.command(f"kill-rank node{1:04d}")  # after: a dead rank's report would silence the loss
+    fleet.window("a rank dead", windows)
+    started, stuck = time.monotonic(), time.time()
+    fleet.command("stick")
+    hang = _incident(run_dir, "*", stuck + 1, 8 * STALL)
+    fleet.windows["a hang"] = (started, time.monotonic())
+    fleet.command("end")
+    fleet.window("after the end", windows)
+    fleet.command("quit")
+    fleet.proc.wait(timeout=60)
+    crossed = _stamp(hang["last_progress_at"]) + STALL if hang else 0.0
+    return {
+        "a node lost": f"named in {lost['written_at'] - killed:.1f} s" if lost else "not named",
+        "a hang": f"stall->report {hang['written_at'] - crossed:.2f} s" if hang else "no report",
+    }
+
+
+@dataclass(frozen=True)
+class StateCost:
+    """One state's path operations a second: a follower's (mean, max), the leader's; a note."""
+
+    state: str
+    follower_mean: float
+    follower_max: float
+    leader: float
+    leader_per_node_poll: float
+    note: str = ""
+
+
+def _costs(
+    n_nodes: int, real: list[str], windows: dict[str, tuple[float, float]],
+    stamps: dict[str, list[float]], notes: dict[str, str],
+) -> list[StateCost]:  # fmt: skip
+    """Each state's rates: a follower's (a follower killed or lost counts until then), the
+    leader's (the first node)."""
+    leader = real[0]
+    costs = []
+    for state, window in windows.items():
+        rates = _rates(stamps, window, real)
+        followers = [v for node, v in rates.items() if node != leader]
+        costs.append(StateCost(
+            state, sum(followers) / max(1, len(followers)), max(followers, default=0.0),
+            rates.get(leader, 0.0), rates.get(leader, 0.0) * POLL / n_nodes,
+            notes.get(state, ""),
+        ))  # fmt: skip
+    return costs
+
+
+def _stamp(value: object) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(str(value)).timestamp()
+
+
+def run_sidecar_benchmarks(quick: bool = False) -> list:
+    """The table: per job size and state, a follower's and the leader's path operations."""
+    sizes = (16,) if quick else (64, 256, 1024)
+    rows = []
+    for n_nodes in sizes:
+        real = min(4 if quick else 64, n_nodes)
+        for cost in measure(n_nodes, real, 10.0 if quick else 20.0):
+            rows.append((
+                f"{n_nodes} ({real} real)", cost.state,
+                f"{cost.follower_mean:.2f} / {cost.follower_max:.2f}",
+                f"{cost.leader:.1f} ({cost.leader_per_node_poll:.2f})", cost.note,
+            ))  # fmt: skip
+    header = ("nodes", "state", "follower ops/s mean / max", "leader ops/s (per node per poll)",
+              "")  # fmt: skip
+    title = (
+        f"The whole sidecar, real processes ({RANKS_PER_NODE} stand-in ranks a real node), path "
+        f"operations on the run directory counted in the kernel (poll {POLL:g} s, node_timeout "
+        f"{NODE_TIMEOUT:g} s, stall {STALL:g} s; goals: a follower <= 2/s in every state, the "
+        "leader <= 1 per node per poll, stall->report <= 5 s)"
+    )
+    return [(title, rows, header)]
