@@ -13,6 +13,7 @@ import pytest
 
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.watch.coordination import Coordinator
+from areal_watchdog.watch.status_keeper import StatusKeeper
 
 NODES = [f"n{i}" for i in range(40)]
 
@@ -37,7 +38,9 @@ def tick(nodes: list[Coordinator], skip: set[str] = frozenset()) -> None:  # typ
             c.publish({"state": "watching"})
 
 
-def reads_of(coordinator: Coordinator, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def reads_of(
+    coordinator: Coordinator, monkeypatch: pytest.MonkeyPatch, closely: bool = True
+) -> list[str]:
     """The statuses ``coordinator`` reads in one refresh."""
     read: list[str] = []
     original = coordinator.read_status
@@ -47,7 +50,7 @@ def reads_of(coordinator: Coordinator, monkeypatch: pytest.MonkeyPatch) -> list[
         return original(node)
 
     monkeypatch.setattr(coordinator, "read_status", counting)
-    coordinator.refresh()
+    coordinator.refresh(closely=closely)
     monkeypatch.undo()
     return read
 
@@ -135,6 +138,75 @@ def test_a_leader_waiting_for_answers_longer_than_the_node_timeout_stays_alive(
         leaders.add(follower.leader())
         time.sleep(0.05)
     assert leaders == {"n0"}
+
+
+def leaders_seen(follower: Coordinator, seconds: float) -> set[str]:
+    """The leaders ``follower`` names over ``seconds`` of polls reading the leader only when
+    its own status is due, as a follower away from the stall threshold does."""
+    leaders = set()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        follower.refresh(closely=False)
+        follower.publish({"state": "watching"})
+        leaders.add(follower.leader())
+        time.sleep(0.02)
+    return leaders
+
+
+def test_a_leader_busy_in_one_step_longer_than_the_node_timeout_is_not_taken_for_lost(
+    tmp_path: Path,
+) -> None:
+    """A leader 7 s in a report under load (``node_timeout: 3``) was reported lost by its
+    follower: its status moves on from a thread while its loop is busy."""
+    nodes = cluster(tmp_path, timeout=0.3)
+    tick(nodes)
+    leader, follower = nodes[0], nodes[1]
+    with StatusKeeper(leader) as keeper, keeper.step():  # one step, 4x the node timeout
+        assert leaders_seen(follower, 1.2) == {"n0"}
+
+
+def test_a_leader_that_polls_publishes_what_it_sees_not_what_it_kept(tmp_path: Path) -> None:
+    """Between short steps the thread writes nothing: the loop's own, fresh status goes out
+    (a thread that wrote the last status whenever it was due left every step at none)."""
+    nodes = cluster(tmp_path, timeout=0.3)
+    tick(nodes)
+    leader = nodes[0]
+    first, began = leader.seq, time.monotonic()
+    with StatusKeeper(leader) as keeper:
+        for step in range(60):
+            with keeper.step():
+                leader.publish({"state": "watching", "last_step": step})
+            time.sleep(0.02)
+        periods = (time.monotonic() - began) / leader.interval
+        time.sleep(leader.interval)
+    assert leader.seq - first <= periods + 1  # a status a period, not one a poll
+    assert nodes[1].read_status("n0")["last_step"] >= 50
+
+
+def test_a_wedged_leader_falls_silent_and_is_replaced(tmp_path: Path) -> None:
+    nodes = cluster(tmp_path, timeout=0.3)
+    tick(nodes)
+    leader, follower = nodes[0], nodes[1]
+    with StatusKeeper(leader, wedged_after=0.3) as keeper, keeper.step():
+        assert leaders_seen(follower, 1.2) == {"n0", "n1"}
+    assert "n0" in follower.lost_nodes(finished=set())
+
+
+def test_a_quiet_leader_is_read_every_poll_before_it_is_judged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Away from the stall threshold a follower reads the leader once a status period, but
+    once the leader's status has not moved for all but one period, every poll: its verdict
+    rests on a read a poll old, not a period old."""
+    nodes = cluster(tmp_path, timeout=0.6)
+    tick(nodes)
+    follower = nodes[1]
+    follower.publish({"state": "watching"}, force=True)
+    assert reads_of(follower, monkeypatch, closely=False) == []  # not due, the leader moved
+    time.sleep(follower.node_timeout - follower.interval)
+    follower.publish({"state": "watching"}, force=True)
+    assert reads_of(follower, monkeypatch, closely=False) == ["n0"]
+    assert reads_of(follower, monkeypatch, closely=False) == ["n0"]
 
 
 def test_a_status_never_makes_a_deleted_run_directory_again(tmp_path: Path) -> None:

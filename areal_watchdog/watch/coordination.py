@@ -7,10 +7,12 @@ peer must know changed (the node's job ended, an evidence request). The leader i
 in the job's node order, whose status is still moving.
 
 - A **follower** reads one file: the status of the node it believes leads, every poll around
-  the stall threshold (when the leader may ask for evidence any moment), else once a status
-  period. That status carries the leader's current evidence request, so no other file is
-  polled. Only while the leader it watches stays silent does it look further down the order
-  (one more file per look), and takes over when every node before it is silent.
+  the stall threshold (when the leader may ask for evidence any moment) and once that status
+  has not moved for two periods (the last before a verdict), else once a status period. That
+  status carries the leader's current evidence request, so no other file is polled. A status
+  moves on from a thread of its own while its sidecar is busy (``status_keeper``). Only while
+  the leader it watches stays silent does it look further down the order (one more file per
+  look), and takes over when every node before it is silent.
 - The **leader** reads every node's status every ``node_timeout / 3``, a share of them each
   poll: a node whose status has not moved for ``node_timeout`` is lost, named within
   ``node_timeout`` plus one such period.
@@ -36,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +82,7 @@ class Coordinator:
     request: dict[str, Any] | None = None  # ours, as leader: carried in our status
     last_status: dict[str, Any] = field(default_factory=dict)
     leading: str = ""  # the leader, as the last refresh found it
+    publishing: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def interval(self) -> float:
@@ -88,9 +92,22 @@ class Coordinator:
     # ----------------------------------------------------------------- status
     def publish(self, status: dict[str, Any], force: bool = False) -> bool:
         """Write this node's status when it is due (or ``force``); True if it was written.
-        The counter tells readers the node is alive."""
-        if not force and not self.due():
-            return False
+        The counter tells readers the node is alive. Thread-safe (``status_keeper``)."""
+        with self.publishing:
+            if not force and not self.due():
+                return False
+            return self._write(status)
+
+    def keep_alive(self) -> bool:
+        """The last status written again when due, by a sidecar busy in one long step: the node
+        stays alive to its peers (what it says is a step old: a status period at most, as a
+        reader's view of it is anyway)."""
+        with self.publishing:
+            if not self.seq or not self.due():
+                return False
+            return self._write(self.last_status)
+
+    def _write(self, status: dict[str, Any]) -> bool:
         self.last_status = status
         self.seq += 1
         record = {
@@ -124,10 +141,13 @@ class Coordinator:
     def refresh(self, closely: bool = True) -> dict[str, dict[str, Any]]:
         """Read what this node needs this poll (see the module's docstring); the statuses
         known, each as last read. Not ``closely``, a follower reads the leader's status only
-        when its own is due: the request the leader may put there comes that late at most."""
+        when its own is due (the request the leader may put there comes that late at most), or
+        every poll once it has not moved for two status periods: a leader is judged lost on
+        what was read within a poll, not a period, of the verdict."""
         now = time.monotonic()
         for node in self.nodes[: self.nodes.index(self.node)]:
-            if closely or self.due() or node not in self.statuses:
+            quiet = not self.alive(node, within=self.node_timeout - self.interval)
+            if closely or quiet or self.due() or node not in self.statuses:
                 self._read(node, now)  # the node that leads; the next only while it is silent
             if self.alive(node):
                 self.leading = node

@@ -47,6 +47,7 @@ from areal_watchdog.watch.progress import (
 )
 from areal_watchdog.watch.progress_watch import ProgressWatch
 from areal_watchdog.watch.standby import wait_for_node_lock
+from areal_watchdog.watch.status_keeper import StatusKeeper
 from areal_watchdog.watch.triggers import (
     SILENCES,
     Action,
@@ -165,13 +166,16 @@ class Sidecar(JobEnd, ProgressWatch):
             f"watching run {self.info.run_id}: {shape} on {len(self.nodes)} node(s), stall "
             f"after {threshold} (startup {wd.startup_timeout:g} s)"
         )
-        while not self.done and not self.stopping:
-            self.guarded(self.poll, time.time())
-            if self.done:
-                break
-            time.sleep(self.pause(wd.poll_interval))
-        if self.stopping and not self.done:
-            self.guarded(lambda _now: self.on_job_ending(), time.time())
+        with StatusKeeper(self.coordinator) as keeper:  # a long step never looks like a loss
+            while not self.done and not self.stopping:
+                with keeper.step():
+                    self.guarded(self.poll, time.time())
+                if self.done:
+                    break
+                time.sleep(self.pause(wd.poll_interval))
+            if self.stopping and not self.done:
+                with keeper.step():
+                    self.guarded(lambda _now: self.on_job_ending(), time.time())
         self.notifier.close(timeout=NOTIFY_FINISH_TIMEOUT)
         return 0
 
