@@ -48,19 +48,22 @@ _KEPT = (
 
 # -------------------------------------------------------------------------- sidecar side
 def collect(layout: RunLayout, ranks: list[int], timeout: float) -> dict[int, dict[str, Any]]:
-    """Ask every listed rank for its trace; return the traces that arrive within ``timeout``."""
+    """Ask every listed rank for its trace; return the traces that arrive within ``timeout``.
+    Only ranks a trigger reached are waited for (a rank with neither listener, or a filesystem
+    without FIFOs, cost the whole timeout and ten lookups a rank for nothing)."""
     request = f"{os.getpid()}-{time.time_ns()}"
-    asked_nccl: set[int] = set()
+    asked, asked_nccl = [], set()
     for rank in ranks:
-        if not write_fifo(layout.fr_trigger(rank), request) and write_fifo(
-            layout.nccl_pipe(rank), "1"
-        ):
+        if write_fifo(layout.fr_trigger(rank), request):
+            asked.append(rank)
+        elif write_fifo(layout.nccl_pipe(rank), "1"):
+            asked.append(rank)
             asked_nccl.add(rank)
     traces: dict[int, dict[str, Any]] = {}
-    for _ in looks(timeout):
-        if len(traces) == len(ranks):
+    for _ in looks(timeout if asked else 0):
+        if len(traces) == len(asked):
             break
-        for rank in ranks:
+        for rank in asked:
             if rank in traces:
                 continue
             trace = (
