@@ -35,7 +35,9 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 
 from bench_scale import node_evidence
@@ -51,6 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 SPAWNER = Path(__file__).resolve().parent / "fleet" / "spawner.py"
 RANKS_PER_NODE = 2  # real ones a node (memory: 64 x 2 ranks + 64 sidecars on this machine)
 POLL, NODE_TIMEOUT, STALL = 1.0, 10.0, 10.0
+ANSWERING = 8  # threads ticking the simulated nodes
 # The system calls that name a path, and the argument that holds it.
 PATH_CALLS = {
     "openat": "filename", "newfstatat": "filename", "statx": "filename",
@@ -61,26 +64,45 @@ PATH_CALLS = {
 
 @dataclass
 class Simulated:
-    """The nodes beyond the real ones: the real Coordinator, ticked once a poll here."""
+    """The nodes beyond the real ones: the real Coordinator, ticked once a poll here, reading
+    the leader's status as a real follower does (every poll from a poll before the stall
+    threshold until it answered, else when its status is due) and answering in parallel, as
+    separate nodes do (one by one, 960 answers through one network filesystem client took
+    longer than the report they were for)."""
 
     coordinators: list[Coordinator]
     ranks: dict[str, dict[str, int]]  # each node's ranks, as a real status lists them
     answered: dict[str, str] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
+    longest_tick: float = 0.0  # seconds: over node_timeout, the simulated nodes look lost
 
     def run(self) -> None:
-        while not self.stop.wait(POLL):
-            for coordinator in self.coordinators:
-                coordinator.refresh()
-                request = coordinator.current_request()
-                if request is not None and self.answered.get(coordinator.node) != request["id"]:
-                    coordinator.answer(
-                        request["id"], node_evidence(coordinator.node, RANKS_PER_NODE)
-                    )
-                    self.answered[coordinator.node] = request["id"]
-                coordinator.publish(
-                    {"state": "watching", "ranks_alive": self.ranks[coordinator.node]}
-                )
+        with ThreadPoolExecutor(ANSWERING) as pool:
+            while not self.stop.wait(POLL):
+                started, closely = time.monotonic(), self._crossing()
+                list(pool.map(self._tick, self.coordinators, repeat(closely)))
+                self.longest_tick = max(self.longest_tick, time.monotonic() - started)
+
+    def _crossing(self) -> bool:
+        """Whether a real follower would read the leader's status every poll now."""
+        if not self.coordinators:
+            return False
+        leader = self.coordinators[0].read_status(self.coordinators[0].nodes[0]) or {}
+        progress_at = leader.get("last_progress_at")
+        if not isinstance(progress_at, (int, float)):
+            return False
+        request = (leader.get("request") or {}).get("id")
+        answers = sum(v == request for v in self.answered.values())
+        unanswered = request is None or answers < len(self.coordinators)
+        return time.time() >= progress_at + STALL - POLL and unanswered
+
+    def _tick(self, coordinator: Coordinator, closely: bool) -> None:
+        coordinator.refresh(closely=closely)
+        request = coordinator.current_request()
+        if request is not None and self.answered.get(coordinator.node) != request["id"]:
+            coordinator.answer(request["id"], node_evidence(coordinator.node, RANKS_PER_NODE))
+            self.answered[coordinator.node] = request["id"]
+        coordinator.publish({"state": "watching", "ranks_alive": self.ranks[coordinator.node]})
 
 
 @dataclass
@@ -145,6 +167,11 @@ def _incident(run_dir: Path, category: str, after: float, timeout: float) -> dic
                     return {**report, "written_at": path.stat().st_mtime}
         time.sleep(0.25)
     return None
+
+
+def _reports(run_dir: Path) -> list[dict]:
+    """Every report written so far."""
+    return [json.loads(p.read_text()) for p in sorted(run_dir.glob("incidents/*/report.json"))]
 
 
 def _config(root: Path, n_nodes: int):
@@ -227,6 +254,8 @@ def measure(n_nodes: int, real: int, windows: float) -> list[StateCost]:
         try:
             pids = fleet.pids()
             notes = _states(fleet, run_dir, windows)
+            if simulated.coordinators:
+                notes["steady"] += f"simulated nodes' longest tick {simulated.longest_tick:.1f} s"
         finally:
             simulated.stop.set()
             for proc in (fleet.proc, fleet.counter):
@@ -246,6 +275,7 @@ def _states(fleet: Fleet, run_dir: Path, windows: float) -> dict[str, str]:
     """Take the job through every state; what the leader did about the lost node and the hang."""
     fleet.window("start-up", windows)
     fleet.window("steady", 2 * windows)
+    early = sorted({n for r in _reports(run_dir) for n in r.get("culprit_nodes", [])})
     started, killed = time.monotonic(), time.time()
     fleet.command(f"kill-node node{2:04d}")
     lost = _incident(run_dir, "node_lost", killed, 6 * NODE_TIMEOUT)
@@ -262,6 +292,7 @@ def _states(fleet: Fleet, run_dir: Path, windows: float) -> dict[str, str]:
     fleet.proc.wait(timeout=60)
     crossed = _stamp(hang["last_progress_at"]) + STALL if hang else 0.0
     return {
+        "steady": f"{len(early)} reported lost before any was ({early[0]}...); " if early else "",
         "a node lost": f"named in {lost['written_at'] - killed:.1f} s" if lost else "not named",
         "a hang": f"stall->report {hang['written_at'] - crossed:.2f} s" if hang else "no report",
     }
