@@ -76,6 +76,7 @@ def kept_full(directory: Path) -> Iterator[Path]:
 def test_a_full_disk_during_a_hang_still_gives_the_verdict_and_cancels(
     launcher: Launcher, tiny_root: Path
 ) -> None:
+    (tiny_root / "filler").touch()  # made while there is room: the job may fill 2 MB first
     proc, _ = launcher.start(
         [
             *FAST,
