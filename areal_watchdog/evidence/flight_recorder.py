@@ -52,7 +52,8 @@ def collect(layout: RunLayout, ranks: list[int], timeout: float) -> dict[int, di
     Only ranks a trigger reached are waited for (a rank with neither listener, or a filesystem
     without FIFOs, cost the whole timeout and ten lookups a rank for nothing)."""
     request = f"{os.getpid()}-{time.time_ns()}"
-    asked, asked_nccl = [], set()
+    asked: list[int] = []
+    asked_nccl: set[int] = set()
     for rank in ranks:
         if write_fifo(layout.fr_trigger(rank), request):
             asked.append(rank)
