@@ -75,8 +75,11 @@ def test_the_leader_reads_every_node_once_per_interval(
     tick(nodes)
     leader = nodes[0]
     time.sleep(leader.interval)
+    started = time.monotonic()
     assert len(reads_of(leader, monkeypatch)) == len(NODES) - 1
-    assert reads_of(leader, monkeypatch) == []  # until the next interval
+    again = reads_of(leader, monkeypatch)
+    share = (time.monotonic() - started) / leader.interval  # a loaded machine is slow here
+    assert len(again) <= int((len(NODES) - 1) * share)  # only the share of the next interval
 
 
 def test_the_leaders_look_is_spread_over_its_polls(

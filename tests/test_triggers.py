@@ -3,9 +3,13 @@ on purpose (a cancel, a user's Ctrl-C) is never taken for a failure."""
 
 from __future__ import annotations
 
+import copy
+import json
 from dataclasses import replace
+from pathlib import Path
 
-from areal_watchdog.watch.second_look import Marks, moved
+from areal_watchdog.evidence.model import Evidence, Frame
+from areal_watchdog.watch.second_look import Marks, marks, moved
 from areal_watchdog.watch.triggers import Reported, Say, Snapshot, Trigger, decide, progressed
 
 HEALTHY = Snapshot(
@@ -121,3 +125,31 @@ def test_a_retry_loop_moves_its_stacks_without_progress() -> None:
     assert moved(first, second) == ["the stacks of pid 7 changed"]
     assert moved(first, second, steps_only=True) == []
     assert moved(first, replace(second, step=2), steps_only=True) == ["a new step (2)"]
+
+
+RAY_WEDGED = (
+    Path(__file__).parent / "data/rollout/inference_wedged--areal-spmd-ray-existing-cluster.json"
+)
+
+
+def _main_frames(evidence: Evidence, role: str | None) -> list[Frame]:
+    process = next(p for p in evidence.processes() if p.role == role)
+    return process.main_thread().frames
+
+
+def test_a_process_polling_in_a_wait_has_not_moved_until_it_leaves_it() -> None:
+    """A real Ray hang (a wedged server): AReaL's Ray launcher polls in ``RayLauncher.wait``,
+    asleep or in ``ray.get`` by turns, and the trainer polls in ``prepare_batch``. A CI run's
+    second look sampled the launcher in the other call, said "the stacks of pid N changed" and
+    left the hung job running; only a process that leaves its wait has moved."""
+    first = Evidence.from_dict(json.loads(RAY_WEDGED.read_text()))
+    second = copy.deepcopy(first)
+    launcher, trainer = _main_frames(second, "controller"), _main_frames(second, None)
+    assert launcher[0].name == "RayLauncher.wait" and trainer[0].name == "Condition.wait"
+    launcher[:0] = [Frame("get_objects", "ray/_private/worker.py", 900), Frame("get", "w.py", 1)]
+    trainer[:2] = [Frame("BatchTaskDispatcher._check_errors", trainer[1].filename, 310)]
+    assert moved(marks(first, 1), marks(second, 1)) == []
+    pid = next(p.pid for p in second.processes() if p.role is None)
+    del trainer[: next(i for i, f in enumerate(trainer) if f.name == "PPOTrainer.train")]
+    trainer.insert(0, Frame("FSDPEngine.train_batch", trainer[0].filename, 700))
+    assert moved(marks(first, 1), marks(second, 1)) == [f"the stacks of pid {pid} changed"]

@@ -6,7 +6,10 @@ checkpoint written to a slow filesystem) looks like a hang at the first look. Be
 
 - a new step (the progress clock moved);
 - a process whose working thread is in another function (function names only: a rank that
-  spins in one loop is sampled at different lines of it, and has not moved);
+  spins in one loop is sampled at different lines of it, and has not moved), above the
+  outermost wait it is in: a process polling in a wait (AReaL's Ray launcher in
+  ``RayLauncher.wait``, asleep or in ``ray.get`` by turns; a trainer in ``prepare_batch``) is
+  sampled at different calls below it, and has not moved until it leaves that wait;
 - a process whose pending asyncio tasks changed (episodes finished, others started).
 
 CPU time alone is no movement: a rank spinning forever burns it too. Nor is a moving stack
@@ -18,11 +21,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from areal_watchdog.diagnose.activity import work_thread
+from areal_watchdog.diagnose.activity import ROLLOUT_CALLS, work_thread
+from areal_watchdog.diagnose.frames import bare
 from areal_watchdog.evidence.model import BLOCKED, RUNNING, Evidence, RankEvidence
 
 # Causes whose processes keep moving while nothing progresses.
 RETRY_LOOPS = frozenset({"workflow_failing"})
+# Calls that wait by polling: what is below them changes between samples, they do not.
+WAITS = ROLLOUT_CALLS | {"wait"}
 
 
 @dataclass(frozen=True)
@@ -67,5 +73,8 @@ def moved(first: Marks, second: Marks, *, steps_only: bool = False) -> list[str]
 
 
 def _functions(process: RankEvidence) -> tuple[str, ...]:
+    """The working thread's functions, outermost wait and out (frames are innermost first)."""
     thread = work_thread(process)
-    return tuple(f.name for f in thread.frames) if thread else ()
+    names = [f.name for f in thread.frames] if thread else []
+    waits = [i for i, name in enumerate(names) if bare(name) in WAITS]
+    return tuple(names[waits[-1] :] if waits else names)
