@@ -24,12 +24,14 @@ def write_json_atomic(
     """Write ``data`` as JSON to ``path`` so readers see the old or the new file, never a mix.
     ``compact``: one line, keys as they come (evidence of thousands of ranks: a few times
     faster to write than the indented, sorted form people read)."""
-    text = (
-        json.dumps(data, separators=(",", ":"), default=str)
-        if compact
-        else json.dumps(data, indent=1, sort_keys=True, default=str)
-    )
-    write_text_atomic(path, text, fsync, mode)
+    write_text_atomic(path, json_text(data, compact), fsync, mode)
+
+
+def json_text(data: Any, compact: bool = False) -> str:
+    """``data`` as ``write_json_atomic`` writes it."""
+    if compact:
+        return json.dumps(data, separators=(",", ":"), default=str)
+    return json.dumps(data, indent=1, sort_keys=True, default=str)
 
 
 def write_text_atomic(path: Path, text: str, fsync: bool = False, mode: int = PRIVATE) -> None:
