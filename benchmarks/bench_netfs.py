@@ -20,7 +20,6 @@ Root (namespaces, FUSE) and Debian's ``openssh-server`` and ``sshfs``.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -60,7 +59,6 @@ def measure(cache: int, seconds: float) -> dict[str, list[float]]:
                     proc.kill()
                     proc.wait()
             subprocess.run(["bash", str(NETFS), "down", str(netfs)], check=False)
-            shutil.rmtree(netfs / "export", ignore_errors=True)
     return _delays(events)
 
 

@@ -227,8 +227,8 @@ def _start(
 
 def _served(layout: RunLayout, netfs: str | None) -> RunLayout:
     """Where the simulated nodes write: on the server's disk, as a node's own client delivers
-    it there (through the benchmark's one client, 960 nodes' publishing took up to 29 s a tick,
-    over ``node_timeout``, with four SSH connections as with one)."""
+    it there (through the benchmark's one client, a tick of 960 nodes took up to 32 s, over
+    ``node_timeout``; 29 s with four SSH connections)."""
     if not netfs:
         return layout
     mount, export = Path(netfs, "mnt").resolve(), Path(netfs, "export").resolve()
