@@ -14,11 +14,13 @@ states, one after the other:
 
 - **start-up**: the first seconds, the ranks starting and registering;
 - **steady**: every rank stepping;
-- **a node lost**: a follower's sidecar and ranks killed; until the leader names it;
+- **a node lost**: a follower's sidecar and ranks killed; as long as the states that last as
+  long as one likes, or until the leader names it if that is later;
 - **a rank dead**: one rank of another follower killed (after the lost node: a failure reported
   first would leave the loss unreported, as the job is failing anyway);
 - **a hang**: every rank stuck (in a sleep, as in a collective: it still answers signals);
-  from the stall threshold to ``report.json``;
+  from then, as long as those states or until ``report.json`` if that is later (a faster report
+  over a window that ended with it was a higher rate for the same operations);
 - **after the end**: every rank returned, the sidecars lingering.
 
 ``AREAL_BENCH_NETFS=DIR`` puts the run directory on the network filesystem of ``scripts/netfs.sh
@@ -29,6 +31,7 @@ nodes write and read on the server's disk, as their own clients would deliver it
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -36,7 +39,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
@@ -55,6 +58,7 @@ SPAWNER = Path(__file__).resolve().parent / "fleet" / "spawner.py"
 RANKS_PER_NODE = 2  # real ones a node (memory: 64 x 2 ranks + 64 sidecars on this machine)
 POLL, NODE_TIMEOUT, STALL = 1.0, 10.0, 10.0
 ANSWERING = 8  # threads ticking the simulated nodes
+ANSWERERS, LOOK = 4, 0.1  # processes answering for them; seconds between their looks
 # The system calls that name a path, and the argument that holds it.
 PATH_CALLS = {
     "openat": "filename", "newfstatat": "filename", "statx": "filename",
@@ -67,43 +71,68 @@ PATH_CALLS = {
 class Simulated:
     """The nodes beyond the real ones: the real Coordinator, ticked once a poll here, reading
     the leader's status as a real follower does (every poll from a poll before the stall
-    threshold until it answered, else when its status is due) and answering in parallel, as
-    separate nodes do (one by one, 960 answers through one network filesystem client took
-    longer than the report they were for)."""
+    threshold until it answered, else when its status is due). A request is answered at once
+    by every simulated node, from processes of their own: their answers' latency is the real
+    followers' to measure (through this process's threads, 960 answers took 2.7 s and the
+    leader waited for them)."""
 
+    layout: RunLayout
     coordinators: list[Coordinator]
     ranks: dict[str, dict[str, int]]  # each node's ranks, as a real status lists them
-    answered: dict[str, str] = field(default_factory=dict)
+    requests: set[str] = field(default_factory=set)  # answered by every simulated node
     stop: threading.Event = field(default_factory=threading.Event)
     longest_tick: float = 0.0  # seconds: over node_timeout, the simulated nodes look lost
 
     def run(self) -> None:
-        with ThreadPoolExecutor(ANSWERING) as pool:
+        context = multiprocessing.get_context("spawn")
+        with (
+            ThreadPoolExecutor(ANSWERING) as pool,
+            ProcessPoolExecutor(ANSWERERS, mp_context=context) as answerers,
+        ):
+            list(answerers.map(time.sleep, [0] * ANSWERERS))  # started before they are needed
+            threading.Thread(target=self._answer, args=(answerers,), daemon=True).start()
             while not self.stop.wait(POLL):
                 started, closely = time.monotonic(), self._crossing()
                 list(pool.map(self._tick, self.coordinators, repeat(closely)))
                 self.longest_tick = max(self.longest_tick, time.monotonic() - started)
 
+    def _leader(self) -> dict:
+        return self.coordinators[0].read_status(self.coordinators[0].nodes[0]) or {}
+
     def _crossing(self) -> bool:
         """Whether a real follower would read the leader's status every poll now."""
         if not self.coordinators:
             return False
-        leader = self.coordinators[0].read_status(self.coordinators[0].nodes[0]) or {}
+        leader = self._leader()
         progress_at = leader.get("last_progress_at")
         if not isinstance(progress_at, (int, float)):
             return False
         request = (leader.get("request") or {}).get("id")
-        answers = sum(v == request for v in self.answered.values())
-        unanswered = request is None or answers < len(self.coordinators)
+        unanswered = request is None or request not in self.requests
         return time.time() >= progress_at + STALL - POLL and unanswered
+
+    def _answer(self, answerers: ProcessPoolExecutor) -> None:
+        """Every simulated node's answer to each new request, as soon as the leader asks."""
+        nodes = [c.node for c in self.coordinators]
+        shares = [nodes[i::ANSWERERS] for i in range(ANSWERERS)]
+        run_id = self.coordinators[0].run_id if self.coordinators else ""
+        while self.coordinators and not self.stop.wait(LOOK):
+            request = (self._leader().get("request") or {}).get("id")
+            if request and request not in self.requests:
+                list(answerers.map(_answers, repeat(self.layout), repeat(run_id), shares,
+                                   repeat(request)))  # fmt: skip
+                self.requests.add(request)
 
     def _tick(self, coordinator: Coordinator, closely: bool) -> None:
         coordinator.refresh(closely=closely)
-        request = coordinator.current_request()
-        if request is not None and self.answered.get(coordinator.node) != request["id"]:
-            coordinator.answer(request["id"], node_evidence(coordinator.node, RANKS_PER_NODE))
-            self.answered[coordinator.node] = request["id"]
         coordinator.publish({"state": "watching", "ranks_alive": self.ranks[coordinator.node]})
+
+
+def _answers(layout: RunLayout, run_id: str, nodes: list[str], request_id: str) -> None:
+    """These simulated nodes' answers to the request (in an answering process)."""
+    for node in nodes:
+        coordinator = Coordinator(layout, run_id, node, [node], NODE_TIMEOUT)
+        coordinator.answer(request_id, node_evidence(node, RANKS_PER_NODE))
 
 
 @dataclass
@@ -115,6 +144,7 @@ class Fleet:
     counter: subprocess.Popen
     spec: Path
     windows: dict[str, tuple[float, float]] = field(default_factory=dict)
+    events: dict[str, tuple[dict, float]] = field(default_factory=dict)
 
     def command(self, line: str) -> None:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -122,9 +152,10 @@ class Fleet:
         self.proc.stdin.flush()
         self.proc.stdout.readline()  # "done ..."
 
-    def window(self, state: str, seconds: float) -> None:
-        started = time.monotonic()
-        time.sleep(seconds)
+    def window(self, state: str, seconds: float, started: float | None = None) -> None:
+        """The state's window: ``seconds`` from ``started`` (now), or until now if later."""
+        started = time.monotonic() if started is None else started
+        time.sleep(max(0.0, started + seconds - time.monotonic()))
         self.windows[state] = (started, time.monotonic())
 
     def pids(self) -> dict:
@@ -165,7 +196,7 @@ def _incident(run_dir: Path, category: str, after: float, timeout: float) -> dic
             if path.stat().st_mtime > after:
                 report = json.loads(path.read_text())
                 if report.get("category") == category or category == "*":
-                    return {**report, "written_at": path.stat().st_mtime}
+                    return report
         time.sleep(0.25)
     return None
 
@@ -212,6 +243,7 @@ def _start(
     }))  # fmt: skip
     served = _served(layout, netfs)
     simulated = Simulated(
+        served,
         [Coordinator(served, run_id, n, list(nodes), NODE_TIMEOUT) for n in nodes[real:]],
         {n: {str(i * RANKS_PER_NODE + r): 0 for r in range(RANKS_PER_NODE)}
          for i, n in enumerate(nodes)},
@@ -264,7 +296,7 @@ def measure(n_nodes: int, real: int, windows: float) -> list[StateCost]:
     with tempfile.TemporaryDirectory(dir=root) as tmp, tempfile.TemporaryDirectory() as traces:
         fleet, simulated, run_dir = _start(Path(tmp), n_nodes, real, Path(traces), netfs)
         try:
-            pids = fleet.pids()
+            pids, offset = fleet.pids(), time.time() - time.monotonic()
             notes = _states(fleet, run_dir, windows)
             if simulated.coordinators:
                 notes["steady"] += f"simulated nodes' longest tick {simulated.longest_tick:.1f} s"
@@ -276,38 +308,67 @@ def measure(n_nodes: int, real: int, windows: float) -> list[StateCost]:
                     proc.wait()
         roots = {int(pid): node for node, pid in pids["sidecars"].items()}
         stamps = _count(Path(traces) / "ops.txt", roots)
-        if os.environ.get("AREAL_BENCH_KEEP"):  # the operations and windows, to read the paths
+        notes.update(_event_notes(fleet, Path(traces) / "ops.txt", offset))
+        if os.environ.get("AREAL_BENCH_KEEP"):  # operations, windows and logs, to read them
             kept = Path(os.environ["AREAL_BENCH_KEEP"])
             subprocess.run(["cp", "-r", traces, str(kept / f"traces-{n_nodes}")], check=True)
+            logs = run_dir / "watchdog" / "logs"  # the sidecars' (an answer's time, ...)
+            subprocess.run(["cp", "-r", str(logs), str(kept / f"logs-{n_nodes}")], check=True)
             (kept / f"windows-{n_nodes}.json").write_text(json.dumps([fleet.windows, pids]))
     return _costs(n_nodes, sorted(roots.values()), fleet.windows, stamps, notes)
 
 
 def _states(fleet: Fleet, run_dir: Path, windows: float) -> dict[str, str]:
-    """Take the job through every state; what the leader did about the lost node and the hang."""
+    """Take the job through every state; what the leader did about the lost node and the hang
+    (``fleet.events``: each report and when, by the wall clock, its clock started)."""
     fleet.window("start-up", windows)
     fleet.window("steady", 2 * windows)
     early = sorted({n for r in _reports(run_dir) for n in r.get("culprit_nodes", [])})
     started, killed = time.monotonic(), time.time()
     fleet.command(f"kill-node node{2:04d}")
     lost = _incident(run_dir, "node_lost", killed, 6 * NODE_TIMEOUT)
-    fleet.windows["a node lost"] = (started, time.monotonic())
+    fleet.window("a node lost", windows, started)  # the node stays lost after its report
     fleet.command(f"kill-rank node{1:04d}")  # after: a dead rank's report would silence the loss
     fleet.window("a rank dead", windows)
     started, stuck = time.monotonic(), time.time()
     fleet.command("stick")
     hang = _incident(run_dir, "*", stuck + 1, 8 * STALL)
-    fleet.windows["a hang"] = (started, time.monotonic())
+    fleet.window("a hang", windows, started)  # and the job hangs on
     fleet.command("end")
     fleet.window("after the end", windows)
     fleet.command("quit")
     fleet.proc.wait(timeout=60)
-    crossed = _stamp(hang["last_progress_at"]) + STALL if hang else 0.0
-    return {
-        "steady": f"{len(early)} reported lost before any was ({early[0]}...); " if early else "",
-        "a node lost": f"named in {lost['written_at'] - killed:.1f} s" if lost else "not named",
-        "a hang": f"stall->report {hang['written_at'] - crossed:.2f} s" if hang else "no report",
-    }
+    if lost:
+        fleet.events["a node lost"] = (lost, killed)
+    if hang:
+        fleet.events["a hang"] = (hang, _stamp(hang["last_progress_at"]) + STALL)
+    lost_early = f"{len(early)} reported lost before any was ({early[0]}...); " if early else ""
+    return {"steady": lost_early}
+
+
+def _event_notes(fleet: Fleet, ops: Path, offset: float) -> dict[str, str]:
+    """How long each report took from its clock's start to its ``report.json``'s rename, as the
+    kernel stamped it (a file's time on the network filesystem is whole seconds)."""
+    written = _renamed(ops, {r["incident_id"] for r, _ in fleet.events.values()})
+    notes = {"a node lost": "not named", "a hang": "no report"}
+    for state, (report, since) in fleet.events.items():
+        took = written.get(report["incident_id"], float("nan")) + offset - since
+        what = "named in" if state == "a node lost" else "stall->report"
+        notes[state] = f"{what} {took:.2f} s ({report['category']})"
+    return notes
+
+
+def _renamed(ops: Path, incidents: set[str]) -> dict[str, float]:
+    """When each incident's ``report.json`` took its name (monotonic seconds)."""
+    written = {}
+    with ops.open(errors="replace") as lines:
+        for line in lines:
+            fields = line.split(" ", 4)
+            if len(fields) == 5 and fields[3].startswith("rename") and ".report.json." in line:
+                incident = Path(fields[4].strip()).parent.name
+                if incident in incidents:
+                    written[incident] = int(fields[0]) / 1e9
+    return written
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,30 @@ def test_a_helper_that_inherited_rank_is_not_a_rank(tmp_path: Path) -> None:
         os.kill(helper, signal.SIGKILL)
 
 
+def test_a_process_that_becomes_a_rank_when_it_execs_is_found(tmp_path: Path) -> None:
+    """A Slurm task or a wrapper script starts without the run's environment and execs the rank
+    a moment later: a discovery in between must not remember it as no part of the run (the
+    processes that are not are remembered, their environments not read again)."""
+    becomes = (
+        "import os, sys, time\n"
+        "time.sleep(1.5)\n"
+        "os.execve(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)'], "
+        f"{{**os.environ, '{ENV_RUN_ID}': 'r1', '{ENV_NODE}': 'n'}})\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", becomes], env={**os.environ, "RANK": "0", "LOCAL_RANK": "0"}
+    )
+    layout, scope = RunLayout(tmp_path / "run"), Scope("r1", "n")
+    try:
+        time.sleep(0.5)
+        assert discover(layout, scope).ranks == {}
+        time.sleep(2.0)
+        assert {r: p.pid for r, p in discover(layout, scope).ranks.items()} == {0: proc.pid}
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_our_sidecar_started_under_a_worker_is_no_helper_of_the_job(tmp_path: Path) -> None:
     """Its stacks move between two looks: counted as a helper, it made the second look before
     a cancel say "the stacks of pid N changed" and leave a hung job running."""

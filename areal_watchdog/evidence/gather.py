@@ -55,8 +55,9 @@ def gather_node(
         if rank in live:
             continue
         results.append(_ended(layout, proc, agent_log))
+    tails = rank_log_tails(layout, node, {item.local_rank for item in results})
     for item in results:
-        item.log_tail = rank_log_tail(layout, node, item.local_rank)
+        item.log_tail = tails.get(item.local_rank, "")
     return sorted(results, key=lambda r: r.rank)
 
 
@@ -178,20 +179,25 @@ def exit_info(layout: RunLayout, proc: JobProcess, agent_log: str) -> ExitInfo:
     return ExitInfo()
 
 
-def rank_log_tail(layout: RunLayout, node: str, local_rank: int | None) -> str:
-    """The last lines of a rank's stdout and stderr from torchrun's newest attempt."""
-    if local_rank is None:
-        return ""
-    base = layout.torchrun_logs_dir / node
-    attempts = sorted(base.glob(f"*/attempt_*/{local_rank}"), key=mtime)
-    if not attempts:
-        return ""
-    parts = []
-    for name in ("stdout.log", "stderr.log"):
-        text = _read_tail(attempts[-1] / name, LOG_TAIL_LINES)
-        if text.strip():
-            parts.append(f"--- {name} ---\n{text}")
-    return "\n".join(parts)
+def rank_log_tails(layout: RunLayout, node: str, local_ranks: set[int | None]) -> dict[int, str]:
+    """The last lines of each rank's stdout and stderr from torchrun's newest attempt. torchrun's
+    log folders are looked through once for all the node's ranks (once a rank, they were most of
+    a follower's path operations in an answer on the shared filesystem)."""
+    wanted = {str(r) for r in local_ranks if r is not None}
+    if not wanted:
+        return {}
+    attempts = (layout.torchrun_logs_dir / node).glob("*/attempt_*/*")
+    folders = [f for f in attempts if f.name in wanted]
+    newest = {int(folder.name): folder for folder in sorted(folders, key=mtime)}
+    tails = {}
+    for rank, folder in newest.items():
+        parts = []
+        for name in ("stdout.log", "stderr.log"):
+            text = _read_tail(folder / name, LOG_TAIL_LINES)
+            if text.strip():
+                parts.append(f"--- {name} ---\n{text}")
+        tails[rank] = "\n".join(parts)
+    return tails
 
 
 def _read_tail(path: Path, lines: int) -> str:

@@ -45,12 +45,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from areal_watchdog.common.atomic import read_json, write_json_atomic
+from areal_watchdog.common.atomic import (
+    json_text,
+    read_json,
+    write_json_atomic,
+    write_text_in_place,
+)
 from areal_watchdog.rundir.layout import RunLayout
 
 ENDED_STATES = ("ending", "finished")  # a node that says so is not lost when it falls silent
 PUBLISH_FRACTION = 3  # a status is rewritten every node_timeout / 3: two may be missed
-COLLECT_POLL_MAX = 0.5  # seconds between two looks for evidence answers, at most
+COLLECT_POLL_MAX = 0.25  # seconds between two looks for evidence answers, at most
 READERS = 8  # statuses and answers read side by side: round trips on a network filesystem
 
 
@@ -275,13 +280,15 @@ class Coordinator:
         return request if isinstance(request, dict) and request.get("id") else None
 
     def answer(self, request_id: str, payload: dict[str, Any]) -> None:
+        """This node's answer, written in place: ``collect`` takes a half-written one for not
+        there yet and reads it again at its next look."""
         directory = self.layout.watch_dir / "evidence" / request_id
-        record = {"node": self.node, **payload}
+        text = json_text({"node": self.node, **payload}, compact=True)
         try:  # the leader made the folder with the request
-            write_json_atomic(directory / f"{self.node}.json", record, compact=True)
+            write_text_in_place(directory / f"{self.node}.json", text)
         except FileNotFoundError:
             directory.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(directory / f"{self.node}.json", record, compact=True)
+            write_text_in_place(directory / f"{self.node}.json", text)
 
     def collect(
         self, request_id: str, nodes: list[str], timeout: float, poll: float = 0.05

@@ -60,6 +60,7 @@ from areal_watchdog.watch.triggers import (
 
 NOTIFY_FINISH_TIMEOUT = 30.0  # seconds to finish sending before the rest waits in the spool
 FOLLOWER_LINGER = 60.0  # seconds a finished follower keeps answering a leader that has not finished
+REQUEST_LOOK, REQUEST_WINDOW = 0.3, 1.0  # seconds: a follower's looks for the request, how long
 
 
 @dataclass
@@ -190,11 +191,19 @@ class Sidecar(JobEnd, ProgressWatch):
 
     def pause(self, poll_interval: float) -> float:
         """Until the next poll: a poll interval, or less when the stall threshold comes first
-        (the leader looks the moment it is crossed). Once it is crossed, a poll interval again:
-        a follower polling the leader's status as fast as it can read it while the job hangs
-        made some 30 reads a second on the shared filesystem."""
-        until = self.clock.crossed_at() - time.time()
-        return min(poll_interval, until + 0.01) if until > 0 else poll_interval
+        (the leader looks the moment it is crossed). Just after it, a follower that has not
+        answered looks every ``REQUEST_LOOK`` for ``REQUEST_WINDOW``: the leader's request
+        comes a moment after the threshold, and at the next poll it was seen a second late. Then
+        a poll interval again: a follower polling the leader's status as fast as it can read it
+        while the job hangs made some 30 reads a second on the shared filesystem."""
+        now = time.time()
+        until = self.clock.crossed_at() - now
+        if until > 0:
+            return min(poll_interval, until + 0.01)
+        following = not self.coordinator.is_leader()
+        if following and -until < REQUEST_WINDOW and self.reads_leader_closely(now):
+            return min(poll_interval, REQUEST_LOOK)
+        return poll_interval
 
     def guarded(self, step: Any, now: float) -> None:
         """Run one step; its failure (a full disk, a deleted file, a bug) is logged, said once
@@ -284,9 +293,11 @@ class Sidecar(JobEnd, ProgressWatch):
         self.answered_progress = self.clock.last_progress_at
         if request.get("by") == self.node:
             return  # the leader gathers its own node directly
+        started = time.monotonic()
         mine = local_evidence(self.info, self.watch)
         self.coordinator.answer(request["id"], mine.to_answer())
-        self.log(f"answered evidence request {request['id']} ({len(mine.ranks)} ranks)")
+        took, ranks = time.monotonic() - started, len(mine.ranks)
+        self.log(f"answered evidence request {request['id']} ({ranks} ranks, {took:.2f} s)")
 
     # ----------------------------------------------------------------- leader
     def lead(self, now: float) -> None:
