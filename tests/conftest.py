@@ -55,15 +55,20 @@ def processes_under(root: Path) -> list[psutil.Process]:
     return found
 
 
-def read_reports(run_dir: Path) -> list[dict]:
+def read_reports(run_dir: Path, folder: str = "incidents") -> list[dict]:
     """Every report.json of a run, oldest first, each validated against the shipped schema."""
     schema = load_schema()
     reports = []
-    for path in sorted(run_dir.glob("incidents/*/report.json")):
+    for path in sorted(run_dir.glob(f"{folder}/*/report.json")):
         report = json.loads(path.read_text())
         jsonschema.validate(report, schema)
         reports.append(report)
     return reports
+
+
+def suspected_looks(run_dir: Path) -> list[dict]:
+    """The looks at a silence that were not confirmed: written, not posted, oldest first."""
+    return read_reports(run_dir, "suspected")
 
 
 class Launcher:

@@ -5,12 +5,13 @@ Each case asserts what a user reads in report.json: the category and the culprit
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 
 import pytest
 
-from conftest import FAST, Launcher, read_reports
+from conftest import FAST, Launcher, read_reports, suspected_looks
 
 pytestmark = pytest.mark.slow
 
@@ -114,9 +115,12 @@ def test_a_slow_phase_and_an_announced_pause_are_never_cancelled(launcher: Launc
     assert result.returncode == 0, result.output[-3000:]
     assert "a second look in 3 s before cancelling" in result.output
     assert "second look: a new step (2): not cancelling" in result.output
-    (report,) = result.reports
+    assert result.reports == []  # nobody is paged for a look that was not confirmed
+    (report,) = suspected_looks(result.run_dir)
     assert report["action"] == "report" and report["confirmation"]["confirmed"] is False
-    assert report["summary"].startswith("Suspected, not confirmed: on a second look 3 s later")
+    assert report["confirmation"]["posted"] is False
+    assert re.match(r"Suspected, not confirmed: on a second look 3\.\d s later", report["summary"])
+    assert "1 suspected look(s) not posted" in result.output
     assert "pause announced (saving checkpoint)" in result.output
     assert "last step seen: step 4 of 4; the job's teardown counts as a hang after 300 s" in (
         result.output
@@ -146,7 +150,8 @@ def test_a_hang_that_starts_during_a_second_look_is_caught_after_it(launcher: La
     )
     assert result.returncode == 3, result.output[-3000:]
     assert "not cancelling" in result.output
-    first, second = result.reports
+    (first,) = suspected_looks(result.run_dir)
+    (second,) = result.reports
     assert first["action"] == "report" and first["confirmation"]["confirmed"] is False
     assert (second["category"], second["culprit_ranks"]) == ("collective_stuck", [1])
     assert second["action"] == "cancel" and second["last_step"] == 2

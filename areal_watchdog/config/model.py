@@ -100,6 +100,7 @@ class WatchdogSection:
     gpu_spin_power_fraction: float = 0.3
     gpu_idle_timeout: float = 120.0
     confirm_after: float | None = None  # the second look before on_hang=cancel (None: auto)
+    cancel_after: float | None = None  # no new step for this long ends the job (None: auto)
     resume_max_attempts: int = 3  # on_hang=resume: relaunches of one run, at most
     resume_backoff: float = 10.0  # seconds before the first relaunch, doubled for each next
     resume_max_replays: int = 6  # replays of one hang's step: the whole batch, then bisection

@@ -41,6 +41,7 @@ WATCHDOG_KEYS = {
     "step_regex", "log_files", "on_hang", "auto_factor", "auto_min_timeout", "dump_timeout",
     "stack_method", "crash_grace", "flight_recorder", "gpu", "node_timeout", "evidence_timeout",
     "debug_env", "notify", "spool_retry_interval", "trajectory", "confirm_after", "resume",
+    "cancel_after",
 }  # fmt: skip
 GPU_KEYS = {"backend", "recording", "idle_utilization", "spin_power_fraction", "idle_timeout"}
 TRAJECTORY_KEYS = {"enabled", "max_keep", "pin_steps", "dump_steps"}
@@ -190,6 +191,7 @@ def _watchdog(check: Checker, wd: dict[str, Any]) -> WatchdogSection:
         enabled=check.boolean(wd, "watchdog.enabled", default(WatchdogSection, "enabled")),
         stall_timeout=_stall_timeout(check, wd),
         confirm_after=_confirm_after(check, wd),
+        cancel_after=_cancel_after(check, wd),
         step_regex=_step_regex(check, wd),
         log_files=check.string_list(wd, "watchdog.log_files"),
         on_hang=check.choice(
@@ -229,6 +231,14 @@ def _confirm_after(check: Checker, wd: dict[str, Any]) -> float | None:
     if wd.get("confirm_after", "auto") == "auto":
         return None
     return check.number(wd, "watchdog.confirm_after", 0.0, minimum=0.0, auto=True)
+
+
+def _cancel_after(check: Checker, wd: dict[str, Any]) -> float | None:
+    """The hard limit: no new step for this many seconds runs ``on_hang`` whatever moved;
+    absent or 'auto': ``CANCEL_AFTER_FACTOR`` times the stall threshold in force."""
+    if wd.get("cancel_after", "auto") == "auto":
+        return None
+    return check.number(wd, "watchdog.cancel_after", 0.0, minimum=1e-9, auto=True)
 
 
 def _step_regex(check: Checker, wd: dict[str, Any]) -> str:

@@ -76,6 +76,7 @@ class RankEvidence:
     error: str | None = None  # why no stack could be taken
     log_tail: str = ""
     tasks: list[dict[str, Any]] = field(default_factory=list)  # pending asyncio tasks (rank.tasks)
+    tasks_ended: dict[str, int] | None = None  # since its previous task dump: ok, failed, cancelled
     role: str | None = None  # AReaL's role (controller, actor, rollout, inference_server...)
     worker_index: int | None = None  # AReaL worker index within its role
     address: str | None = None  # inference servers: host:port

@@ -1,5 +1,5 @@
 """Probe the job's inference servers (SGLang's and vLLM's HTTP APIs): alive, healthy, busy,
-paused, updating weights.
+paused, updating weights, and how much it has generated (the counters a second look compares).
 
 Only read-only GET endpoints are used, each with a short timeout, so a probe never changes a
 server's state and a wedged server costs at most ``timeout`` seconds per endpoint: ``/health``,
@@ -29,6 +29,11 @@ _METRICS = {
     "vllm:num_requests_running": "running",
     "vllm:num_requests_waiting": "queued",
     "vllm:rl_weight_update_operations_in_flight": "updating_weights",  # summed over operations
+    # Counters: what the server did between two looks is the work it does (``second_look``).
+    "sglang:generation_tokens_total": "generated_tokens",
+    "sglang:num_requests_total": "requests_done",
+    "vllm:generation_tokens_total": "generated_tokens",
+    "vllm:request_success_total": "requests_done",  # summed over finish reasons
 }
 
 

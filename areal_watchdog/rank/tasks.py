@@ -9,7 +9,10 @@ each suspended frame, and the address it awaits when a frame holds one (``url``,
 ``host``/``port``). It only reads: no loop is entered, nothing is scheduled, no lock is taken.
 
 How long a task has waited is unknown to asyncio; ``TaskClock`` remembers when each task was
-first seen at its current await point, so a second snapshot says "pending at least N s".
+first seen at its current await point, so a second snapshot says "pending at least N s". It also
+holds the tasks the last snapshot saw, so the next one says how those that ended since did:
+returned, raised or cancelled. A retry loop against a dead server ends tasks every second, all by
+exception: that is churn, not progress (``watch.second_look``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_DEPTH = 64  # await-chain links followed per task
+MAX_WATCHED = 2000  # tasks held from one snapshot to the next, to see how they ended
 _ADDRESS = re.compile(r"(?:[a-z][a-z0-9+.-]*://)?(\[[0-9a-fA-F:]+\]|[\w.-]+):(\d{1,5})")
 _ADDRESS_LOCALS = ("url", "str_or_url", "addr", "address", "server_addr", "base_url", "endpoint")
 
@@ -31,6 +35,7 @@ class TaskClock:
     """When each (task, await point) was first seen, to tell how long it has been pending."""
 
     first_seen: dict[tuple[int, str], float] = field(default_factory=dict)
+    watched: list[asyncio.Task[Any]] = field(default_factory=list)  # the last snapshot's tasks
 
     def pending_for(self, task_id: int, where: str, now: float) -> float:
         key = (task_id, where)
@@ -40,6 +45,23 @@ class TaskClock:
     def forget_except(self, live: set[tuple[int, str]]) -> None:
         for key in set(self.first_seen) - live:
             del self.first_seen[key]
+
+    def ended_since(self, pending: list[asyncio.Task[Any]]) -> dict[str, int]:
+        """How the tasks of the last snapshot that are done now ended; then watch ``pending``."""
+        ended = {"ok": 0, "failed": 0, "cancelled": 0}
+        for task in self.watched:
+            if task.done():
+                ended[_outcome(task)] += 1
+        self.watched = pending[:MAX_WATCHED]
+        return ended
+
+
+def _outcome(task: asyncio.Task[Any]) -> str:
+    """ok | failed | cancelled, read without ``exception()``: that would mark the exception
+    retrieved and silence asyncio's own "never retrieved" log line in the job."""
+    if task.cancelled():
+        return "cancelled"
+    return "failed" if getattr(task, "_exception", None) is not None else "ok"
 
 
 def all_tasks() -> list[asyncio.Task[Any]]:
@@ -135,6 +157,7 @@ def snapshot(
     return {
         "time": now,
         "count": len(pending),
+        "ended": clock.ended_since(pending),
         "truncated": len(tasks) < len(pending) or len(tasks) > max_tasks,
         "tasks": tasks[:max_tasks],
     }

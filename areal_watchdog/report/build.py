@@ -21,6 +21,7 @@ from areal_watchdog.config.model import OnHang
 from areal_watchdog.diagnose.activity import work_thread
 from areal_watchdog.diagnose.verdict import Activity, Verdict
 from areal_watchdog.evidence.model import EXITED, Evidence, RankEvidence
+from areal_watchdog.rundir.layout import INCIDENTS
 from areal_watchdog.watch.triggers import Trigger
 
 SCHEMA_VERSION = 4
@@ -51,6 +52,7 @@ class IncidentContext:
     action: OnHang = "report"
     trajectory: dict[str, Any] | None = None
     timings: dict[str, float] = field(default_factory=dict)  # seconds spent per phase
+    folder: str = INCIDENTS  # where in the run directory it is written (SUSPECTED: not posted)
 
 
 def new_incident_id(category: str, now: float | None = None) -> str:
@@ -69,7 +71,7 @@ def build_report(
     incident_id: str, verdict: Verdict, evidence: Evidence, ctx: IncidentContext
 ) -> dict[str, Any]:
     """The report.json document."""
-    incident_dir = Path(ctx.run_dir) / "incidents" / incident_id
+    incident_dir = Path(ctx.run_dir) / ctx.folder / incident_id
     silent = None if ctx.last_progress_at is None else ctx.detected_at - ctx.last_progress_at
     return {
         "schema_version": SCHEMA_VERSION,

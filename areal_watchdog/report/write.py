@@ -21,6 +21,7 @@ from areal_watchdog.common.atomic import (
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.evidence.model import Evidence, RankEvidence
 from areal_watchdog.report.markdown import render_markdown
+from areal_watchdog.rundir.layout import INCIDENTS
 
 FILES_FOR_ALL = 64  # ranks up to which every rank gets its own stack and log file
 # Files written side by side: on a network filesystem each is a few round trips (one after the
@@ -35,11 +36,13 @@ def write_incident(
     evidence: Evidence,
     redactor: Redactor,
     by_node: dict[str, list[dict[str, Any]]] | None = None,
+    folder: str = INCIDENTS,
 ) -> Path:
     """Write the incident directory; the report goes last so its presence means "complete".
     ``by_node``: every rank's entry, one file per node, when the report holds a few
-    (``report.bound``)."""
-    incident_dir = run_dir / "incidents" / report["incident_id"]
+    (``report.bound``); ``folder``: ``incidents``, or ``suspected`` for a look nobody was paged
+    for."""
+    incident_dir = run_dir / folder / report["incident_id"]
     dir_mode, file_mode = _modes(run_dir)
     folders = ["stacks", "logs", *(["ranks"] if by_node else [])]
     for path in (incident_dir.parent, incident_dir, *(incident_dir / f for f in folders)):

@@ -11,6 +11,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+INCIDENTS, SUSPECTED = "incidents", "suspected"  # the run directory's folders of reports
 ENV_RUN_ID = "AREAL_WATCHDOG_RUN_ID"
 ENV_WATCH_DIR = "AREAL_WATCHDOG_DIR"
 ENV_NODE = "AREAL_WATCHDOG_NODE"
@@ -199,7 +200,12 @@ class RunLayout:
 
     @property
     def incidents_dir(self) -> Path:
-        return self.run_dir / "incidents"
+        return self.run_dir / INCIDENTS
+
+    @property
+    def suspected_dir(self) -> Path:
+        """Looks at a silence that were not confirmed: written like incidents, never posted."""
+        return self.run_dir / SUSPECTED
 
     def registrations(self, node: str) -> Path:
         """One node's rank registrations: a sidecar lists its own node's, never the job's."""

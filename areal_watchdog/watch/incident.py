@@ -34,12 +34,12 @@ from areal_watchdog.report.bound import split_ranks
 from areal_watchdog.report.build import IncidentContext, build_report, new_incident_id
 from areal_watchdog.report.write import write_incident
 from areal_watchdog.rundir.launch_info import LaunchInfo
-from areal_watchdog.rundir.layout import ENV_CANCEL_FD
+from areal_watchdog.rundir.layout import ENV_CANCEL_FD, INCIDENTS, SUSPECTED
 from areal_watchdog.trajectory.format import complete_steps
 from areal_watchdog.watch.coordination import ENDED_STATES, Coordinator
+from areal_watchdog.watch.escalation import Escalation, StallCase, summary_prefix
 from areal_watchdog.watch.node import NodeWatch
 from areal_watchdog.watch.progress import StallClock
-from areal_watchdog.watch.second_look import RETRY_LOOPS, marks, moved
 from areal_watchdog.watch.triggers import SILENCES, Trigger
 
 FLIGHT_RECORDER_TIMEOUT = 2.0  # seconds to wait for the ranks' Flight Recorder dumps
@@ -47,8 +47,6 @@ ROLLOUT_TIMEOUT = 2.0  # seconds to wait for asyncio task dumps and server probe
 HANG_TRIGGERS = (Trigger.STALL, Trigger.GPU_IDLE, Trigger.RANK_EXITED, Trigger.NODE_SILENT)
 ENDS_JOB = ("cancel", "resume")  # the on_hang actions that end the job (resume: the launcher
 # then starts it again)
-# Verdicts nothing comes back from: a second look would only let the dying job end unreported.
-GONE = ("node_lost", "rank_crashed")
 
 
 @dataclass
@@ -119,25 +117,16 @@ def _with_owners(servers: list[dict[str, Any]], workers: list[RankEvidence]) -> 
 
 @dataclass
 class _Look:
-    """One look at the job: the evidence, the verdict, what it cost, the step it was at."""
+    """One look at the job: the evidence, the verdict, what it cost, and the job as it stood
+    then (a report describes its look, not the moment it is written)."""
 
     evidence: Evidence
     verdict: Verdict
     timings: dict[str, float]
     step: int | None
-
-
-@dataclass
-class _SecondLook:
-    """A silence that would end the job, waiting for its second look at ``due``."""
-
-    trigger: Trigger
-    opened_at: float
-    due: float
-    delay: float
-    lost: tuple[str, ...]
-    first: _Look
-    action: str
+    at: float  # when the look began
+    progress_at: float | None  # the last progress then (None: no step seen yet)
+    threshold: float  # the stall threshold in force then
 
 
 @dataclass
@@ -148,11 +137,12 @@ class _Unwritten:
     evidence: Evidence
     redactor: Redactor
     by_node: dict[str, list[dict[str, Any]]]  # every rank's entry, when the report holds a few
+    folder: str  # incidents, or suspected (not posted)
 
 
 @dataclass
-class Incidents:
-    """The leader's incident desk for one run."""
+class Incidents(Escalation):
+    """The leader's incident desk for one run (how a silence escalates: ``escalation``)."""
 
     info: LaunchInfo
     node: str
@@ -164,19 +154,18 @@ class Incidents:
     notifier: Notifier
     say: Callable[[str], None]
     answered: set[str] = field(default_factory=set)
-    written: list[Path] = field(default_factory=list)
+    written: list[Path] = field(default_factory=list)  # incidents
+    suspected: list[Path] = field(default_factory=list)  # looks not confirmed: not posted
     pending: list[_Unwritten] = field(default_factory=list)  # incidents the disk refused
-    second_look: _SecondLook | None = None  # a silence that would end the job, looked at again
+    case: StallCase | None = None  # a silence that may end the job, followed until a step
     cancelling: bool = False
 
-    def open(
-        self, trigger: Trigger, now: float, statuses: dict, lost: tuple[str, ...] = ()
-    ) -> None:
+    def open(self, trigger: Trigger, statuses: dict, lost: tuple[str, ...] = ()) -> None:
         """Gather, classify, write, notify and act on one event (once across all leaders). A
-        silence that would end the job (``on_hang: cancel``) is looked at twice first
-        (``confirm``)."""
-        if self.second_look is not None:
-            return  # the event under a second look is this one
+        silence that may end the job (``on_hang: cancel`` or ``resume``) becomes a case that
+        ``escalation`` follows until a new step."""
+        if self.case is not None:
+            return  # the silence under follow is this one
         silence = trigger in SILENCES  # one report per silence
         key = f"stall-step{self.clock.last_step}" if silence else trigger.value
         if not self.coordinator.claim(key):
@@ -186,18 +175,11 @@ class Incidents:
             self.say("no new step, but every rank ended cleanly: the job is finishing, not hung")
             return
         action = self.info.watchdog.on_hang if trigger in HANG_TRIGGERS else "report"
-        delay = self.confirm_delay()
-        if action in ENDS_JOB and silence and delay > 0 and look.verdict.category not in GONE:
-            self.second_look = _SecondLook(
-                trigger, now, time.time() + delay, delay, lost, look, action
-            )
-            culprits = culprits_phrase(look.verdict.culprit_ranks, look.verdict.culprit_workers)
-            self.say(
-                f"{look.verdict.category} suspected ({culprits}); a second look in {delay:g} s "
-                "before cancelling"
-            )
+        if not (silence and action in ENDS_JOB):
+            self.report(trigger, look, action)
             return
-        self.report(trigger, now, look, action)
+        self.case = StallCase(trigger, look.step, lost, action)
+        self.judge(look)
 
     def confirm_delay(self) -> float:
         """Seconds between the two looks: ``watchdog.confirm_after``, or by default half the
@@ -207,28 +189,9 @@ class Incidents:
             return configured
         return min(10.0, max(2.0, self.clock.threshold / 2))
 
-    def confirm(self, statuses: dict) -> None:
-        """The second look, once due: cancel when nothing moved, else report the first look's
-        verdict as suspected and leave the job running."""
-        pending = self.second_look
-        if pending is None or time.time() < pending.due:
-            return
-        self.second_look = None
-        second = self.look(pending.trigger, pending.lost, statuses)
-        before = marks(pending.first.evidence, pending.first.step)
-        causes = {pending.first.verdict.cause, second.verdict.cause}
-        retrying = len(causes) == 1 and causes <= RETRY_LOOPS
-        what = moved(before, marks(second.evidence, self.clock.last_step), steps_only=retrying)
-        confirmation = {"after_s": pending.delay, "moved": what, "confirmed": not what}
-        if what:
-            self.say(f"second look: {'; '.join(what)}: not cancelling")
-            self.report(pending.trigger, pending.opened_at, pending.first, "report", confirmation)
-        else:
-            self.report(pending.trigger, pending.opened_at, second, pending.action, confirmation)
-
     def look(self, trigger: Trigger, lost: tuple[str, ...], statuses: dict) -> _Look:
         """Evidence from every node, and the verdict on it."""
-        started = time.perf_counter()
+        at, started = time.time(), time.perf_counter()
         evidence, fr_seconds = self.gather(trigger, list(lost), statuses)
         evidence.job_failed = trigger is Trigger.JOB_FAILED
         gathered = time.perf_counter()
@@ -238,35 +201,37 @@ class Incidents:
             "flight_recorder_s": round(fr_seconds, 4),
             "classify_s": round(time.perf_counter() - gathered, 4),
         }
-        return _Look(evidence, verdict, timings, self.clock.last_step)
+        progress_at = self.clock.last_progress_at if self.clock.first_step_at else None
+        return _Look(
+            evidence, verdict, timings, self.clock.last_step, at, progress_at, self.clock.threshold
+        )
 
     def report(
         self,
         trigger: Trigger,
-        now: float,
         look: _Look,
         action: str,
         confirmation: dict[str, Any] | None = None,
+        post: bool = True,
     ) -> None:
-        """Notify, write and act on one look's verdict."""
+        """Write, notify (when ``post``) and act on one look's verdict."""
         verdict = look.verdict
-        ctx = self.context(trigger, now, action, look.timings)
-        report = build_report(new_incident_id(verdict.category, now), verdict, look.evidence, ctx)
+        ctx = self.context(trigger, look, action)
+        ctx.folder = INCIDENTS if post else SUSPECTED
+        report = build_report(
+            new_incident_id(verdict.category, look.at), verdict, look.evidence, ctx
+        )
         if confirmation is not None:
             report["confirmation"] = confirmation
-            if confirmation["moved"]:
-                report["summary"] = (
-                    f"Suspected, not confirmed: on a second look {confirmation['after_s']:g} s "
-                    f"later {'; '.join(confirmation['moved'])}, so the job was not cancelled. "
-                    + report["summary"]
-                )
+            report["summary"] = summary_prefix(confirmation) + report["summary"]
         redactor = self.notifier.redactor.with_values(job_secrets(self.watch.pids()))
         report = redactor.scrub_tree(report)  # once, for the files and the messages alike
         report, by_node = split_ranks(report)
-        self.notifier.submit(report)  # first: a message needs no disk
+        if post:
+            self.notifier.submit(report)  # first: a message needs no disk
         culprits = culprits_phrase(verdict.culprit_ranks, verdict.culprit_workers)
         verdict_line = f"{verdict.category}, {culprits}: {report['summary']}"
-        self.pending.append(_Unwritten(report, look.evidence, redactor, by_node))
+        self.pending.append(_Unwritten(report, look.evidence, redactor, by_node, ctx.folder))
         if not self.write_pending():
             self.say(f"verdict (report not on disk yet, retried every poll): {verdict_line}")
         if action in ENDS_JOB:  # whether or not the disk took the report
@@ -279,16 +244,18 @@ class Incidents:
             item = self.pending[0]
             try:
                 path = write_incident(Path(self.info.run_dir), item.report, item.evidence,
-                                      item.redactor, item.by_node)  # fmt: skip
+                                      item.redactor, item.by_node, item.folder)  # fmt: skip
             except OSError as exc:
                 self.say(f"cannot write the incident report: {exc.strerror or exc}")
                 return False
             self.pending.pop(0)
-            self.written.append(path)
+            posted = item.folder == INCIDENTS
+            (self.written if posted else self.suspected).append(path)
             report = item.report
             culprits = culprits_phrase(report["culprit_ranks"], report["culprit_workers"])
+            what = "report written" if posted else "suspected look written (not posted)"
             self.say(
-                f"report written: {path / 'report.md'} -- {report['category']}, {culprits}: "
+                f"{what}: {path / 'report.md'} -- {report['category']}, {culprits}: "
                 f"{report['summary']}"
             )
         return True
@@ -351,9 +318,7 @@ class Incidents:
             if r not in have
         ]
 
-    def context(
-        self, trigger: Trigger, now: float, action: str, timings: dict[str, float]
-    ) -> IncidentContext:
+    def context(self, trigger: Trigger, look: _Look, action: str) -> IncidentContext:
         return IncidentContext(
             backend=self.info.backend,
             run_id=self.info.run_id,
@@ -363,13 +328,13 @@ class Incidents:
             experiment_name=self.info.experiment_name,
             trial_name=self.info.trial_name,
             job_id=self.job_id,
-            detected_at=now,
-            last_progress_at=self.clock.last_progress_at if self.clock.first_step_at else None,
-            threshold_s=self.clock.threshold,
-            last_step=self.clock.last_step,
+            detected_at=look.at,
+            last_progress_at=look.progress_at,
+            threshold_s=look.threshold,
+            last_step=look.step,
             trigger=trigger.value,
             action=action,
-            timings=timings,
+            timings=look.timings,
             trajectory=self.last_dump(),
         )
 

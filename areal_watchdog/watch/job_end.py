@@ -53,10 +53,12 @@ class JobEnd:
         """Every node's job ended (or its node was lost): say how, record it, stop."""
         exits = self.exit_records()
         failed = sorted(n for n, r in exits.items() if r.get("returncode") != 0)
-        written = self.incidents.written
+        written, suspected = self.incidents.written, self.incidents.suspected
         if not failed:
+            looks = f", {len(suspected)} suspected look(s) not posted" if suspected else ""
             self.say(
-                f"job completed (last step {self.clock.last_step}); {len(written)} incident(s)"
+                f"job completed (last step {self.clock.last_step}); {len(written)} "
+                f"incident(s){looks}"
             )
         write_json_atomic(
             self.layout.finished_file,
@@ -88,10 +90,10 @@ class JobEnd:
             return
         if quiet:
             self.reported = replace(self.reported, failure=True)
-            self.incidents.open(Trigger.NODE_SILENT, time.time(), self.statuses, tuple(quiet))
+            self.incidents.open(Trigger.NODE_SILENT, self.statuses, tuple(quiet))
         elif any(r.get("returncode") != 0 for r in exits.values()):
             self.reported = replace(self.reported, failure=True)
-            self.incidents.open(Trigger.JOB_FAILED, time.time(), self.statuses)
+            self.incidents.open(Trigger.JOB_FAILED, self.statuses)
             self.finish()
 
     def orphaned(self) -> None:

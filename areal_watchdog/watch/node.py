@@ -177,6 +177,7 @@ class NodeWatch:
         for item in items:
             if item.pid in dumps:
                 item.tasks = dumps[item.pid].get("tasks", [])
+                item.tasks_ended = dumps[item.pid].get("ended")
         return servers
 
     def flight_records(self, timeout: float) -> dict[str, dict[str, Any]]:

@@ -1,8 +1,8 @@
-"""The second look before an action that ends a job: did anything move since the first?
+"""What moved between two looks at a silent job: the second look before an action that ends it.
 
-A slow phase that would have recovered (every episode waiting a tool 1.5x the stall threshold, a
-checkpoint written to a slow filesystem) looks like a hang at the first look. Before
-``on_hang: cancel`` ends the job, the leader looks again a few seconds later and compares:
+A slow phase that would have recovered (a checkpoint written to a slow filesystem, a server
+saturated by other clients) looks like a hang at the first look. Before ``on_hang: cancel`` ends
+the job, the leader looks again a few seconds later and compares:
 
 - a new step (the progress clock moved);
 - a process whose working thread is in another function (function names only: a rank that
@@ -10,16 +10,20 @@ checkpoint written to a slow filesystem) looks like a hang at the first look. Be
   outermost wait it is in: a process polling in a wait (AReaL's Ray launcher in
   ``RayLauncher.wait``, asleep or in ``ray.get`` by turns; a trainer in ``prepare_batch``) is
   sampled at different calls below it, and has not moved until it leaves that wait;
-- a process whose pending asyncio tasks changed (episodes finished, others started).
+- asyncio tasks that ended by returning (episodes that completed); tasks that ended by
+  exception are a retry loop against something dead, not movement;
+- work an inference server did: tokens generated or requests completed (vLLM's and SGLang's
+  counters), however full its queue.
 
-CPU time alone is no movement: a rank spinning forever burns it too. Nor is a moving stack
-when both looks name a retry loop (episodes rejected and resubmitted, ``workflow_failing``):
-there only a new step counts. Pure: compares plain data taken from two ``Evidence`` objects.
+CPU time alone is no movement: a rank spinning forever burns it too. Nor is a moving stack when
+both looks name a retry loop (``workflow_failing``): there only a new step or completed work
+counts. Pure: compares plain data taken from two ``Evidence`` objects.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from areal_watchdog.diagnose.activity import ROLLOUT_CALLS, work_thread
 from areal_watchdog.diagnose.frames import bare
@@ -32,13 +36,25 @@ WAITS = ROLLOUT_CALLS | {"wait"}
 
 
 @dataclass(frozen=True)
+class ServerWork:
+    """An inference server's counters at one look."""
+
+    time: float
+    tokens: float | None
+    requests: float | None
+    running: float | None
+    queued: float | None
+
+
+@dataclass(frozen=True)
 class Marks:
     """What is compared between the two looks: per process (by pid), its working thread's
-    functions and its pending tasks."""
+    functions and the tasks that completed since the previous look; per server, its work."""
 
     step: int | None
     functions: dict[int, tuple[str, ...]]
-    tasks: dict[int, frozenset[str]]
+    completed: dict[int, int]
+    servers: dict[str, ServerWork]
 
 
 def marks(evidence: Evidence, step: int | None) -> Marks:
@@ -47,16 +63,21 @@ def marks(evidence: Evidence, step: int | None) -> Marks:
     return Marks(
         step,
         {p.pid: _functions(p) for p in live if p.pid},
-        {p.pid: frozenset(str(t.get("name")) for t in p.tasks) for p in live if p.pid},
+        {p.pid: (p.tasks_ended or {}).get("ok", 0) for p in live if p.pid},
+        {str(s["address"]): _work(s) for s in evidence.servers if s.get("address")},
     )
 
 
 def moved(first: Marks, second: Marks, *, steps_only: bool = False) -> list[str]:
     """What moved between the looks, for people; empty when nothing did. ``steps_only``: a
-    retry loop, where only a new step is movement."""
+    retry loop, where stacks that change are no movement."""
     found = []
     if second.step is not None and second.step != first.step:
         found.append(f"a new step ({second.step})")
+    found += busy_servers(first, second)
+    done = sorted(pid for pid, count in second.completed.items() if count > 0)
+    if done:
+        found.append(f"tasks of pid {', '.join(map(str, done[:5]))} completed")
     if steps_only:
         return found
     changed = sorted(
@@ -66,10 +87,52 @@ def moved(first: Marks, second: Marks, *, steps_only: bool = False) -> list[str]
     )
     if changed:
         found.append(f"the stacks of pid {', '.join(map(str, changed[:5]))} changed")
-    done = sorted(pid for pid, tasks in second.tasks.items() if first.tasks.get(pid, tasks) - tasks)
-    if done:
-        found.append(f"pending tasks of pid {', '.join(map(str, done[:5]))} completed")
     return found
+
+
+def busy_servers(first: Marks, second: Marks) -> list[str]:
+    """Servers that generated between the looks: busy, not hung, with their numbers."""
+    found = []
+    for address, now in sorted(second.servers.items()):
+        before = first.servers.get(address)
+        if before is None:
+            continue
+        tokens = _delta(before.tokens, now.tokens)
+        requests = _delta(before.requests, now.requests)
+        if not tokens and not requests:
+            continue
+        seconds = max(now.time - before.time, 1e-3)
+        rate = f"{tokens / seconds:,.0f} tokens/s" if tokens else f"{requests / seconds:.1f} req/s"
+        found.append(
+            f"the inference server {address} generated {tokens:,.0f} tokens and completed "
+            f"{requests:,.0f} requests in {seconds:.1f} s ({rate}; running "
+            f"{_count(now.running)}, queued {_count(now.queued)}): busy, not hung"
+        )
+    return found
+
+
+def _delta(before: float | None, after: float | None) -> float:
+    if before is None or after is None or after < before:  # a restarted server counts anew
+        return 0.0
+    return after - before
+
+
+def _count(value: float | None) -> str:
+    return "?" if value is None else f"{value:g}"
+
+
+def _work(probe: dict[str, Any]) -> ServerWork:
+    def number(key: str) -> float | None:
+        value = probe.get(key)
+        return float(value) if isinstance(value, (int, float)) else None
+
+    return ServerWork(
+        float(probe.get("time") or 0.0),
+        number("generated_tokens"),
+        number("requests_done"),
+        number("running"),
+        number("queued"),
+    )
 
 
 def _functions(process: RankEvidence) -> tuple[str, ...]:

@@ -301,8 +301,9 @@ class Sidecar(JobEnd, ProgressWatch):
 
     # ----------------------------------------------------------------- leader
     def lead(self, now: float) -> None:
-        """Finish a second look that is due; ask the trigger rules what to do, then do it."""
-        self.incidents.confirm(self.statuses)
+        """Follow the silence under way (``escalation``); ask the trigger rules what to do, then do
+        it."""
+        self.incidents.follow(self.statuses, now)
         actions, self.reported = decide(self.snapshot(now), self.reported)
         for action in actions:
             self.act(action, now)
@@ -338,7 +339,7 @@ class Sidecar(JobEnd, ProgressWatch):
         )
 
     def act(self, action: Action, now: float) -> None:
-        if action.trigger in SILENCES and self.incidents.second_look is not None:
+        if action.trigger in SILENCES and self.incidents.case is not None:
             # A new silence (the job moved since the first look) while another waits for its
             # second look: once that is done, this one is seen afresh, never swallowed.
             self.reported = replace(self.reported, silence=False)
@@ -362,7 +363,7 @@ class Sidecar(JobEnd, ProgressWatch):
         elif action.say is Say.SUSPECTED:
             self.say(f"no new step for {silent:.0f} s (threshold {threshold:g} s): stall suspected")
         if action.trigger is not None:
-            self.incidents.open(action.trigger, now, self.statuses, action.lost)
+            self.incidents.open(action.trigger, self.statuses, action.lost)
         if action.say is Say.FINISHED:
             self.finish()
 

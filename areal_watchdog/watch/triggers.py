@@ -133,6 +133,8 @@ def _gpu_idle(snap: Snapshot, reported: Reported) -> Rule:
 def _suspected(snap: Snapshot, reported: Reported) -> Rule:
     if snap.ending_on_purpose or reported.silence or reported.suspected or not _running(snap):
         return None, reported
+    if reported.failure:  # the job failed or lost a part: that was reported, not a stall
+        return None, reported
     if snap.silent_for <= snap.threshold * 2 / 3:
         return None, reported
     return Action(say=Say.SUSPECTED), replace(reported, suspected=True)

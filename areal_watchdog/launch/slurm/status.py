@@ -15,10 +15,15 @@ from areal_watchdog.rundir.layout import RunLayout
 
 
 def status_lines(run_dir: Path, now: float) -> list[str]:
-    """One line per node, then one per recent incident (the newest three)."""
+    """One line per node, then one per recent report (the newest four, incidents and the
+    suspected looks nobody was paged for, by time)."""
     lines = [_node_line(status, now) for status in node_statuses(run_dir)]
-    reports = sorted(RunLayout(run_dir).incidents_dir.glob("*/report.json"))
-    for path in reports[-3:]:
+    layout = RunLayout(run_dir)
+    reports = [
+        *layout.incidents_dir.glob("*/report.json"),
+        *layout.suspected_dir.glob("*/report.json"),
+    ]
+    for path in sorted(reports, key=lambda p: p.parent.name)[-4:]:
         report = read_json(path)
         report = report if isinstance(report, dict) else {}
         nodes = report.get("culprit_nodes")
@@ -26,8 +31,22 @@ def status_lines(run_dir: Path, now: float) -> list[str]:
             f"  incident {report.get('incident_id')}: {report.get('category')}, culprit ranks "
             f"{_ranks(report.get('culprit_ranks'))}, nodes "
             f"{', '.join(map(str, nodes)) if isinstance(nodes, list) and nodes else '-'}"
+            f"{_decided(report.get('confirmation'))}"
         )
     return lines
+
+
+def _decided(confirmation: object) -> str:
+    """How a look was decided, when it was not simply reported: a suspected look is on disk
+    only (nobody was paged for it)."""
+    if not isinstance(confirmation, dict):
+        return ""
+    if confirmation.get("confirmed") is False:
+        why = "; ".join(map(str, confirmation.get("moved") or [])) or "only time tells"
+        return f" (suspected, not confirmed: {why}; not posted)"
+    by = {"second_look": "a second look", "hard_limit": "the hard limit",
+          "evidence": "conclusive evidence"}.get(str(confirmation.get("by")))  # fmt: skip
+    return f" (confirmed by {by})" if by else ""
 
 
 def _node_line(status: dict[str, Any], now: float) -> str:

@@ -1,0 +1,206 @@
+"""How a silence escalates to ``on_hang``: suspected, confirmed, or ended by the hard limit.
+
+A silence is followed until a new step ends it, never forgotten after one look:
+
+- conclusive evidence confirms at the first look (a rank crashed, a node was lost, an
+  inference server refuses connections: nothing of those comes back);
+- a verdict the stacks can prove (a collective mismatch, a wedged or paused server, a retry
+  loop) is confirmed by a second look a few seconds later that finds nothing moved;
+- a wait on something outside the job whose end no evidence shows (an episode inside a tool,
+  ``workflow_stuck``) is only suspected: a slow tool and a dead one have the same stack, so time
+  decides;
+- a dismissed or suspected look is written to the run directory (``status`` shows it), not
+  posted; the leader looks again at most once per stall threshold, and a later look may confirm;
+- the hard limit: no new step for ``watchdog.cancel_after`` seconds (``CANCEL_AFTER_FACTOR``
+  times the threshold by default) runs ``on_hang`` whatever moved meanwhile: movement without
+  steps for that long is a livelock or a retry loop.
+
+``Escalation`` is a part of ``Incidents`` (``incident``), kept apart by concept; the decisions
+on plain values are the functions below it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from areal_watchdog.common.rankset import culprits_phrase
+from areal_watchdog.diagnose.verdict import Verdict
+from areal_watchdog.watch.second_look import RETRY_LOOPS, marks, moved
+from areal_watchdog.watch.triggers import Trigger
+
+CANCEL_AFTER_FACTOR = 3.0  # the default hard limit, in stall thresholds
+CONCLUSIVE_CATEGORIES = frozenset({"rank_crashed", "node_lost"})
+CONCLUSIVE_CAUSES = frozenset({"inference_unreachable"})
+TIME_DECIDES = frozenset({"workflow_stuck"})  # causes no stack tells from a slow phase
+
+
+def strength(verdict: Verdict) -> str:
+    """``conclusive`` (act now), ``provable`` (a second look decides) or ``time`` (only the
+    hard limit does)."""
+    if verdict.category in CONCLUSIVE_CATEGORIES or verdict.cause in CONCLUSIVE_CAUSES:
+        return "conclusive"
+    return "time" if verdict.cause in TIME_DECIDES else "provable"
+
+
+def verdict_key(verdict: Verdict) -> tuple[Any, ...]:
+    """What makes two looks' verdicts the same finding (a repeat is not written again)."""
+    workers = tuple(sorted(str(w.get("pid")) for w in verdict.culprit_workers))
+    return verdict.category, verdict.cause, tuple(verdict.culprit_ranks), workers
+
+
+@dataclass
+class StallCase:
+    """One silence, followed until a new step ends it."""
+
+    trigger: Trigger
+    step: int | None  # the last step when it began: another one ends it
+    lost: tuple[str, ...]
+    action: str  # the on_hang action it may run
+    looks: int = 0
+    last: Any = None  # the latest look (``incident._Look``)
+    pending: Any = None  # a first look waiting for its second
+    due: float = 0.0  # when the second look is due
+    next_look: float | None = None  # when to look again, after a dismissed or suspected look
+    written: tuple[Any, ...] | None = None  # the verdict of the last look written
+
+
+class Escalation:
+    """``Incidents``' methods that follow a silence; ``Incidents`` holds the state they use."""
+
+    def cancel_after(self) -> float:
+        """The hard limit in force: ``watchdog.cancel_after``, else a multiple of the threshold."""
+        configured = self.info.watchdog.cancel_after
+        return configured if configured is not None else CANCEL_AFTER_FACTOR * self.clock.threshold
+
+    def judge(self, look: Any) -> None:
+        """A first look at the silence: act, wait for a second look, or wait for time (each
+        counted from when the look began)."""
+        case = self.case
+        case.looks += 1
+        case.last = look
+        kind, verdict = strength(look.verdict), look.verdict
+        culprits = culprits_phrase(verdict.culprit_ranks, verdict.culprit_workers)
+        delay = self.confirm_delay()
+        if kind == "conclusive" or delay <= 0:
+            self.conclude(look, "evidence" if kind == "conclusive" else "first_look", 0.0, [])
+        elif kind == "time":
+            self.suspect(look, [], look.at, f"{verdict.category} suspected ({culprits})")
+        else:
+            case.pending, case.due = look, look.at + delay
+            self.say(
+                f"{verdict.category} suspected ({culprits}); a second look in {delay:g} s "
+                "before cancelling"
+            )
+
+    def follow(self, statuses: dict, now: float) -> None:
+        """Each poll of the leader: the second look once due, another look once a threshold
+        passed, the hard limit; a new step ends the case (after its pending second look)."""
+        case = self.case
+        if case is None or self.cancelling:
+            return
+        if case.pending is not None and now >= case.due:
+            self.second_look(statuses, now)
+        elif self.clock.last_step != case.step:
+            self.case = None if case.pending is None else case
+        elif self.clock.silent_for(now) >= self.cancel_after():
+            self.hard_limit(statuses, now)
+        elif case.pending is None and case.next_look is not None and now >= case.next_look:
+            case.next_look = None
+            self.say(f"still no new step: look {case.looks + 1} at the silence")
+            self.judge(self.look(case.trigger, case.lost, statuses))
+
+    def second_look(self, statuses: dict, now: float) -> None:
+        """Cancel when nothing moved since the first look; else dismiss it (written, not
+        posted) and look again later."""
+        case = self.case
+        first, case.pending = case.pending, None
+        second = self.look(case.trigger, case.lost, statuses)
+        case.last = second
+        causes = {first.verdict.cause, second.verdict.cause}
+        retrying = len(causes) == 1 and causes <= RETRY_LOOPS
+        what = moved(marks(first.evidence, first.step), marks(second.evidence, second.step),
+                     steps_only=retrying)  # fmt: skip
+        after = second.at - first.at
+        if what:
+            self.say(f"second look: {'; '.join(what)}: not cancelling")
+            self.suspect(first, what, now, "", after)
+        else:
+            self.conclude(second, "second_look", after, [])
+
+    def hard_limit(self, statuses: dict, now: float) -> None:
+        """No new step for ``cancel_after``: act, saying what moved since the last look."""
+        case = self.case
+        look = self.look(case.trigger, case.lost, statuses)
+        before = case.last or look
+        what = moved(marks(before.evidence, before.step), marks(look.evidence, look.step))
+        limit = self.cancel_after()
+        self.say(
+            f"no new step for {self.clock.silent_for(now):.0f} s: the hard limit "
+            f"(watchdog.cancel_after {limit:g} s) runs on_hang={case.action}"
+        )
+        self.conclude(look, "hard_limit", look.at - before.at, what)
+
+    def suspect(
+        self, look: Any, what: list[str], now: float, line: str, after: float = 0.0
+    ) -> None:
+        """A look that does not end the job: written once per finding, never posted; the next
+        look a threshold after ``now``."""
+        case = self.case
+        case.next_look = now + self.clock.threshold
+        limit = self.cancel_after()
+        if line:
+            self.say(
+                f"{line}: no stack tells a slow phase from a hang here; looking again in "
+                f"{self.clock.threshold:g} s, on_hang={case.action} after {limit:g} s without a "
+                "step"
+            )
+        key = verdict_key(look.verdict)
+        if key == case.written and not what:
+            return
+        case.written = key
+        confirmation = self.confirmation(case, after, what, confirmed=False, by=None)
+        self.report(case.trigger, look, "report", confirmation, post=False)
+
+    def conclude(self, look: Any, by: str, after: float, what: list[str]) -> None:
+        """The silence is a hang: report (posted) and run ``on_hang``."""
+        case, self.case = self.case, None
+        confirmation = self.confirmation(case, after, what, confirmed=True, by=by)
+        self.report(case.trigger, look, case.action, confirmation)
+
+    def confirmation(
+        self, case: StallCase, after: float, what: list[str], confirmed: bool, by: str | None
+    ) -> dict[str, Any]:
+        """``report.json``'s ``confirmation``: how this look was decided."""
+        return {
+            "after_s": round(max(after, 0.0), 3),
+            "moved": what,
+            "confirmed": confirmed,
+            "by": by,
+            "look": case.looks,
+            "cancel_after_s": round(self.cancel_after(), 3),
+            "posted": confirmed,
+        }
+
+
+def summary_prefix(confirmation: dict[str, Any]) -> str:
+    """What a report's summary says first about how its look was decided."""
+    what = "; ".join(confirmation["moved"])
+    if confirmation["by"] == "hard_limit":
+        moving = f" ({what})" if what else ""
+        return (
+            f"No new step for watchdog.cancel_after ({confirmation['cancel_after_s']:g} s): "
+            f"a hang whatever moved meanwhile{moving}. "
+        )
+    if confirmation["confirmed"]:
+        return ""
+    if what:
+        return (
+            f"Suspected, not confirmed: on a second look {confirmation['after_s']:.1f} s later "
+            f"{what}, so the job was not cancelled. "
+        )
+    return (
+        "Suspected, not confirmed: no stack tells a slow phase from a hang here, so the job is "
+        f"ended only if no step comes within watchdog.cancel_after "
+        f"({confirmation['cancel_after_s']:g} s). "
+    )

@@ -1,0 +1,208 @@
+"""How a silence escalates to ``on_hang``, driven with recorded evidence and a fake clock: no
+process, no file. What users see: which looks end the job, which are only written, what moved.
+
+The looks are recorded evidence of real hangs (``tests/data``); the desk is the real
+``Escalation`` of the sidecar's incident desk with its gathering and writing replaced."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from areal_watchdog.config.model import WatchdogSection
+from areal_watchdog.diagnose.classify import classify
+from areal_watchdog.evidence.model import Evidence
+from areal_watchdog.launch.slurm.status import status_lines
+from areal_watchdog.watch.escalation import Escalation, StallCase, summary_prefix
+from areal_watchdog.watch.incident import _Look
+from areal_watchdog.watch.progress import StallClock
+from areal_watchdog.watch.second_look import marks, moved
+from areal_watchdog.watch.triggers import Trigger
+
+DATA = Path(__file__).parent / "data"
+THRESHOLD = 30.0
+
+
+def recorded(name: str) -> Evidence:
+    return Evidence.from_dict(json.loads((DATA / name).read_text()))
+
+
+@dataclass
+class Info:
+    watchdog: WatchdogSection
+
+
+@dataclass
+class Desk(Escalation):
+    """The sidecar's incident desk, less its processes and files: each look returns the next
+    recorded evidence, each report is kept."""
+
+    evidence: list[Evidence]
+    clock: StallClock = field(default_factory=lambda: StallClock(THRESHOLD, 60.0, started_at=0))
+    info: Info = field(default_factory=lambda: Info(WatchdogSection(on_hang="cancel")))
+    now: float = 0.0
+    case: StallCase | None = None
+    cancelling: bool = False
+    reports: list[dict[str, Any]] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+
+    def say(self, message: str) -> None:
+        self.lines.append(message)
+
+    def confirm_delay(self) -> float:
+        return 10.0
+
+    def look(self, trigger: Trigger, lost: tuple[str, ...], statuses: dict) -> _Look:
+        evidence = self.evidence.pop(0) if len(self.evidence) > 1 else self.evidence[0]
+        step = self.clock.last_step
+        return _Look(evidence, classify(evidence), {}, step, self.now, 0.0, THRESHOLD)
+
+    def report(self, trigger: Trigger, look: _Look, action: str, confirmation=None, post=True):
+        self.reports.append(
+            {"category": look.verdict.category, "cause": look.verdict.cause, "action": action,
+             "posted": post, "confirmation": confirmation, "at": look.at}
+        )  # fmt: skip
+        self.cancelling = self.cancelling or action == "cancel"
+
+    def stall(self, at: float) -> None:
+        """The threshold is crossed at ``at``: the first look (``Incidents.open``)."""
+        self.now = at
+        self.case = StallCase(Trigger.STALL, self.clock.last_step, (), "cancel")
+        self.judge(self.look(Trigger.STALL, (), {}))
+
+    def run_until(self, end: float, step_at: float | None = None) -> None:
+        """The leader's polls, a second apart; a new step at ``step_at``."""
+        while self.now < end and not self.cancelling:
+            self.now += 1.0
+            if step_at is not None and self.now >= step_at and self.clock.last_step == 3:
+                self.clock.step(4, self.now)
+            self.follow({}, self.now)
+
+
+def desk(*evidence: Evidence) -> Desk:
+    d = Desk(list(evidence))
+    d.clock.step(3, 0.0)
+    return d
+
+
+def moving(evidence: Evidence) -> Evidence:
+    """The same job a moment later, one rank's stack in another function."""
+    later = copy.deepcopy(evidence)
+    later.ranks[0].main_thread().frames[-1].name = "main_loop_elsewhere"
+    return later
+
+
+def test_conclusive_evidence_ends_the_job_at_the_first_look() -> None:
+    """A server that refuses connections: nothing comes back, no second look is waited for."""
+    d = desk(recorded("rollout/inference_unreachable.json"))
+    d.stall(THRESHOLD)
+    (report,) = d.reports
+    assert (report["cause"], report["action"], report["posted"]) == (
+        "inference_unreachable", "cancel", True
+    )  # fmt: skip
+    assert report["confirmation"]["by"] == "evidence"
+
+
+def test_a_dismissed_look_is_looked_at_again_and_a_later_look_confirms() -> None:
+    """The second look saw movement: written, not posted, not cancelled; a threshold later the
+    job is looked at again, nothing moves this time, and the job is cancelled (posted)."""
+    first = recorded("evidence/collective_mismatch_w4_r2.json")
+    d = desk(first, moving(first), first, first)
+    d.stall(THRESHOLD)
+    assert d.reports == [] and "a second look in 10 s" in d.lines[-1]
+    d.run_until(THRESHOLD + 10)
+    (dismissed,) = d.reports
+    assert dismissed["action"] == "report" and dismissed["posted"] is False
+    assert dismissed["confirmation"]["confirmed"] is False
+    assert dismissed["confirmation"]["after_s"] == 10.0
+    d.run_until(THRESHOLD + 10 + THRESHOLD + 10)
+    assert [r["action"] for r in d.reports] == ["report", "cancel"]
+    confirmed = d.reports[-1]
+    assert confirmed["posted"] and confirmed["confirmation"]["by"] == "second_look"
+    assert confirmed["confirmation"]["look"] == 2
+    assert any(line.startswith("still no new step: look 2") for line in d.lines)
+
+
+def test_a_wait_no_stack_can_judge_is_left_to_the_hard_limit() -> None:
+    """Every episode waits inside a tool (``workflow_stuck``): as slow a tool as a dead one.
+    Suspected once (written, not posted, not repeated at the later looks); at the hard limit
+    (3 thresholds without a step) the job is cancelled whatever moved."""
+    d = desk(recorded("rollout/workflow_stuck--areal-single-controller.json"))
+    d.stall(THRESHOLD)
+    d.run_until(3 * THRESHOLD - 1)
+    (suspected,) = d.reports
+    assert suspected["posted"] is False and suspected["confirmation"]["cancel_after_s"] == 90
+    assert "Suspected, not confirmed: no stack tells" in summary_prefix(suspected["confirmation"])
+    d.run_until(3 * THRESHOLD + 1)
+    hard = d.reports[-1]
+    assert (hard["action"], hard["posted"], hard["confirmation"]["by"]) == (
+        "cancel", True, "hard_limit"
+    )  # fmt: skip
+    assert hard["at"] == 3 * THRESHOLD
+    assert summary_prefix(hard["confirmation"]).startswith(
+        "No new step for watchdog.cancel_after (90 s)"
+    )
+
+
+def test_a_slow_phase_that_recovers_is_never_posted_or_cancelled() -> None:
+    """The same wait, but the tool returns 45 s after the last step (threshold 30 s): the
+    step ends the case; nobody is paged, nothing is cancelled."""
+    d = desk(recorded("rollout/workflow_stuck--areal-single-controller.json"))
+    d.stall(THRESHOLD)
+    d.run_until(200, step_at=45)
+    assert d.case is None and not d.cancelling
+    assert [r["posted"] for r in d.reports] == [False]
+
+
+def test_the_hard_limit_is_configurable() -> None:
+    d = desk(recorded("rollout/workflow_stuck--areal-single-controller.json"))
+    d.info = Info(WatchdogSection(on_hang="cancel", cancel_after=40.0))
+    d.stall(THRESHOLD)
+    d.run_until(100)
+    assert d.reports[-1]["at"] == 40.0 and d.reports[-1]["action"] == "cancel"
+
+
+def test_tasks_that_end_by_exception_are_no_movement() -> None:
+    """A retry loop against a dead server ends its episodes every second, all by exception:
+    churn, not progress. Episodes that returned are."""
+    first = recorded("rollout/workflow_failing.json")
+    second = copy.deepcopy(first)
+    worker = next(p for p in second.processes() if p.tasks)
+    worker.tasks_ended = {"ok": 0, "failed": 31, "cancelled": 0}
+    assert moved(marks(first, 3), marks(second, 3), steps_only=True) == []
+    worker.tasks_ended = {"ok": 2, "failed": 31, "cancelled": 0}
+    assert moved(marks(first, 3), marks(second, 3), steps_only=True) == [
+        f"tasks of pid {worker.pid} completed"
+    ]
+
+
+def test_a_busy_server_is_movement_with_its_numbers() -> None:
+    """A saturated server that still generates is busy, not hung: the second look says so."""
+    first = recorded("rollout/inference_paused--real-vllm.json")
+    second = copy.deepcopy(first)
+    for probe, tokens in ((first.servers[0], 1000.0), (second.servers[0], 7012.0)):
+        probe.update(generated_tokens=tokens, requests_done=40.0, running=2.0, queued=70.0)
+    second.servers[0]["time"] = first.servers[0]["time"] + 10.0
+    (what,) = moved(marks(first, 3), marks(second, 3))
+    assert what.endswith(
+        "generated 6,012 tokens and completed 0 requests in 10.0 s (601 tokens/s; running 2, "
+        "queued 70): busy, not hung"
+    )
+
+
+def test_status_says_which_looks_were_only_written(tmp_path: Path) -> None:
+    for name, confirmation in (
+        ("20261126T000000Z-a", {"confirmed": False, "by": None}),
+        ("20261126T000100Z-b", {"confirmed": True, "by": "hard_limit"}),
+    ):
+        incident = tmp_path / ("suspected" if name.endswith("a") else "incidents") / name
+        incident.mkdir(parents=True)
+        report = {"incident_id": name, "category": "rollout_stalled", "culprit_ranks": [],
+                  "culprit_nodes": [], "confirmation": confirmation}  # fmt: skip
+        (incident / "report.json").write_text(json.dumps(report))
+    lines = status_lines(tmp_path, 0.0)
+    assert lines[-2].endswith("(suspected, not confirmed: only time tells; not posted)")
+    assert lines[-1].endswith("(confirmed by the hard limit)")
