@@ -30,7 +30,7 @@ if [ "$side" = training ]; then
   overrides=(actor.backend=fsdp:d2 +actor.ppo_n_minibatches=2 recover.mode=auto +recover.freq_steps=1)
 else
   poison=(--poison-from 8)
-  overrides=()
+  overrides=(+watchdog.cancel_after=60)  # a tool that never returns looks like a slow one
 fi
 echo "[demo] making the tiny model, tokenizer and dataset in $FILEROOT/harness"
 rm -rf "$FILEROOT/harness"

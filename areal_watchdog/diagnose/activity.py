@@ -13,6 +13,7 @@ from areal_watchdog.diagnose.frames import (
     bare,
     display_path,
     is_areal,
+    is_distributed,
     is_library,
     is_library_path,
 )
@@ -26,6 +27,8 @@ from areal_watchdog.evidence.model import (
     ThreadStack,
 )
 
+# Operation names, counted only in torch.distributed's frames (``frames.is_distributed``): the
+# same names in requests (``HTTPAdapter.send``), zmq, asyncio or user code are no such wait.
 COLLECTIVE_OPS = frozenset(
     [
         "all_reduce",
@@ -98,7 +101,6 @@ CLEANUP_NAMES = frozenset(
 CLEANUP_HINT = re.compile(r"(cleanup|clean_up|teardown|shutdown|finali[sz]e|destroy)", re.I)
 BACKWARD_OPS = frozenset({"backward", "_engine_run_backward", "run_backward"})
 DATALOADER_OPS = frozenset({"__next__", "_next_data", "_get_data", "_try_get_data"})
-DISTRIBUTED_CALLS = COLLECTIVE_OPS | P2P_OPS | INIT_OPS
 # Library waits with no user code above them: a thread with nothing to do (AReaL's idle
 # EngineWorker waits in Queue.get), not a rank at work.
 IDLE_WAITS = frozenset({"wait", "get", "select", "poll", "sleep", "accept", "_worker"})
@@ -172,11 +174,12 @@ def work_thread(rank: RankEvidence) -> ThreadStack | None:
 
     In AReaL's ``rpc_server`` the main thread only serves HTTP while FSDP and NCCL run in the
     ``EngineWorker`` thread; DeepSpeed issues all-gathers from the autograd thread. Preference:
-    a thread inside a collective, P2P or rendezvous call, or anywhere in ``torch.distributed`` /
-    c10d; then a thread in rollout work (``workflow_executor``, ``prepare_batch``,
-    ``wait_results``); then the main thread, unless it only serves requests while another thread
-    runs (py-spy's ``active`` flag): then that thread. Ties go to the main thread, then to the
-    first thread listed. The watchdog's own threads (``areal-*``) are never chosen."""
+    a thread anywhere in ``torch.distributed`` / c10d (a collective, P2P or rendezvous call, by
+    its file: an HTTP client's ``send`` is none); then a thread in rollout work
+    (``workflow_executor``, ``prepare_batch``, ``wait_results``); then the main thread, unless
+    it only serves requests while another thread runs (py-spy's ``active`` flag): then that
+    thread. Ties go to the main thread, then to the first thread listed. The watchdog's own
+    threads (``areal-*``) are never chosen."""
     main = rank.main_thread()
     best, best_score = None, 0
     for thread in rank.threads:
@@ -195,7 +198,6 @@ def work_thread(rank: RankEvidence) -> ThreadStack | None:
     return main
 
 
-_DISTRIBUTED_FILES = ("torch/distributed/", "c10d")
 _SERVE_LOOPS = frozenset({"serve_forever", "run_simple", "run_forever", "handle_request"})
 
 
@@ -203,10 +205,9 @@ def _work_score(thread: ThreadStack) -> int:
     """2: distributed work, 1: rollout work, 0: neither."""
     score = 0
     for frame in thread.frames:
-        name = bare(frame.name)
-        if name in DISTRIBUTED_CALLS or any(m in frame.filename for m in _DISTRIBUTED_FILES):
+        if is_distributed(frame):
             return 2
-        if name in ROLLOUT_CALLS or "workflow_executor" in frame.filename:
+        if bare(frame.name) in ROLLOUT_CALLS or "workflow_executor" in frame.filename:
             score = 1
     return score
 
@@ -259,15 +260,13 @@ def _raise_site(traceback_text: str, cwd: str | None) -> str:
 
 
 def _blocking_op(frames: list[Frame], cpu_recent: float | None) -> tuple[str, str]:
-    """The library call the rank is in and its kind, scanning from the innermost frame."""
+    """The library call the rank is in and its kind, scanning from the innermost frame: the
+    innermost torch.distributed operation, whatever wrappers of the user's call it."""
     for frame in frames:
         name = bare(frame.name)
-        if name in INIT_OPS:
-            return name, "init"
-        if name in P2P_OPS:
-            return name, "p2p"
-        if name in COLLECTIVE_OPS:
-            return name, "collective"
+        kind = _distributed_kind(frame)
+        if kind is not None:
+            return name, kind
         if "torch/utils/data/" in frame.filename and name in DATALOADER_OPS:
             return "DataLoader.__next__", "dataloader"
         if name in BACKWARD_OPS and "torch/" in frame.filename:
@@ -278,6 +277,17 @@ def _blocking_op(frames: list[Frame], cpu_recent: float | None) -> tuple[str, st
             return "backward", "running"
     innermost = frames[0].name if frames else "?"
     return innermost, "running"
+
+
+def _distributed_kind(frame: Frame) -> str | None:
+    """init, p2p or collective for a torch.distributed operation's frame, else None."""
+    if not is_distributed(frame):
+        return None
+    name = bare(frame.name)
+    for ops, kind in ((INIT_OPS, "init"), (P2P_OPS, "p2p"), (COLLECTIVE_OPS, "collective")):
+        if name in ops:
+            return kind
+    return None
 
 
 def _where(op: str, user_frames: list[Frame], cwd: str | None) -> str:

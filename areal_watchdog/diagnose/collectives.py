@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal_watchdog.common.rankset import ranks_phrase
+from areal_watchdog.diagnose.phrases import verb
 
 SIZE_FREE = frozenset(
     {"all_to_all", "all_to_all_single", "alltoall", "alltoall_base", "scatter", "gather"}
@@ -269,7 +270,7 @@ def _analyse_group(
             behind,
             "missing",
             f"{ranks_phrase(behind)} never issued collective #{target} ({name}) of group "
-            f"{group} that {ranks_phrase(waiting)} {_verb(waiting, 'wait')} in",
+            f"{group} that {ranks_phrase(waiting)} {verb(waiting, 'wait')} in",
             table,
             waiting=waiting,
         )
@@ -390,12 +391,8 @@ def _blame_chain_ends(findings: list[GroupFinding]) -> None:
         if free and victims:
             finding.culprit_ranks = free
             finding.description += (
-                f" ({ranks_phrase(victims)} {_verb(victims, 'wait')} in another group's collective)"
+                f" ({ranks_phrase(victims)} {verb(victims, 'wait')} in another group's collective)"
             )
-
-
-def _verb(ranks: list[int], verb: str) -> str:
-    return f"{verb}s" if len(ranks) == 1 else verb
 
 
 def _table(ops: dict[int, dict[int, Op]]) -> list[str]:

@@ -34,6 +34,17 @@ def is_library_path(path: str) -> bool:
     return bool(_INSTALLED.search(path) or _AREAL_FILE.search(path))
 
 
+# torch.distributed's package (c10d, functional collectives, FSDP, DTensor, pipelining, elastic
+# rendezvous) and c10d's compiled bindings: the only files whose `send`, `broadcast` or
+# `barrier` is a distributed operation; requests', zmq's, asyncio's or the user's are not.
+_DISTRIBUTED_FILES = ("torch/distributed/", "torch/_C/_distributed", "c10d")
+
+
+def is_distributed(frame: Frame) -> bool:
+    """A frame of torch.distributed (or of c10d, over NCCL or gloo), judged by its file."""
+    return any(marker in frame.filename for marker in _DISTRIBUTED_FILES)
+
+
 def is_areal(path: str) -> bool:
     """A file of AReaL's own package, installed or in a clone."""
     return bool(_AREAL_FILE.search(path))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from areal_watchdog.common.rankset import ranks_phrase
 from areal_watchdog.diagnose.collectives import CollectiveEvidence, GroupFinding
+from areal_watchdog.diagnose.phrases import is_are
 
 
 @dataclass
@@ -30,11 +31,10 @@ class RecordFinding:
 def record_finding(record: CollectiveEvidence) -> RecordFinding:
     """The verdict the collective record supports on its own."""
     finding = _finding(record)
-    if record.ranks_without_trace:
-        finding.summary += (
-            f" No dump from {ranks_phrase(record.ranks_without_trace)} (dead, or its dump was "
-            f"not written)."
-        )
+    silent = record.ranks_without_trace
+    if silent:
+        dumps = "its dump was" if len(silent) == 1 else "their dumps were"
+        finding.summary += f" No dump from {ranks_phrase(silent)} (dead, or {dumps} not written)."
     return finding
 
 
@@ -93,14 +93,14 @@ def _missing(missing: list[GroupFinding]) -> RecordFinding:
     free = [r for r in culprits if r not in waiting]
     first = next(g for g in missing if set(g.culprit_ranks) & set(free or culprits))
     if free:
-        verb = "is" if len(free) == 1 else "are"
+        who = "a straggler in its own code" if len(free) == 1 else "stragglers in their own code"
         return RecordFinding(
             "straggler",
             0.7,
             free,
             f"The collective record shows that {first.description}; {ranks_phrase(free)} "
-            f"{verb} in no other collective: a straggler in its own code (or dead), not a "
-            f"code-path difference.",
+            f"{is_are(free)} in no other collective: {who} (or dead), not a code-path "
+            f"difference.",
         )
     return RecordFinding(
         "collective_mismatch",

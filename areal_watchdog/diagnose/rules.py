@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from areal_watchdog.common.rankset import ranks_phrase
 from areal_watchdog.diagnose.activity import describe
-from areal_watchdog.diagnose.phrases import cap, is_are, verb
+from areal_watchdog.diagnose.phrases import all_ranks, cap, is_are, their, verb
 from areal_watchdog.diagnose.verdict import Activity, Verdict, culprit_entry
 from areal_watchdog.evidence.model import (
     BLOCKED,
@@ -151,8 +151,8 @@ def _init_deadlock(scene: Scene) -> Verdict | None:
         "init_deadlock",
         0.85 if others else 0.5,
         sorted(others),
-        f"Before the first step, {ranks_phrase(in_init)} wait in {acts[in_init[0]].op} "
-        f"for their peers; {late}.",
+        f"Before the first step, {ranks_phrase(in_init)} {verb(in_init, 'wait')} in "
+        f"{acts[in_init[0]].op} for {their(in_init)} peers; {late}.",
     )
 
 
@@ -188,8 +188,9 @@ def _cleanup_deadlock(scene: Scene) -> Verdict | None:
         0.85,
         sorted(cleanup),
         f"{cap(ranks_phrase(cleanup))} already left the training loop and {is_are(cleanup)} "
-        f"in cleanup ({acts[cleanup[0]].where}) while {ranks_phrase(rest)} still wait in "
-        f"{acts[rest[0]].where}: the loop was left early (an early break or an exception).",
+        f"in cleanup ({acts[cleanup[0]].where}) while {ranks_phrase(rest)} still "
+        f"{verb(rest, 'wait')} in {acts[rest[0]].where}: the loop was left early (an early "
+        f"break or an exception).",
     )
 
 
@@ -216,8 +217,8 @@ def _dataloader_stall(scene: Scene) -> Verdict | None:
         0.85,
         sorted(loaders),
         f"{cap(ranks_phrase(loaders))} {is_are(loaders)} blocked fetching data "
-        f"({scene.acts[loaders[0]].where}) while {ranks_phrase(collective)} wait in "
-        f"{scene.acts[collective[0]].op}.",
+        f"({scene.acts[loaders[0]].where}) while {ranks_phrase(collective)} "
+        f"{verb(collective, 'wait')} in {scene.acts[collective[0]].op}.",
     )
 
 
@@ -268,7 +269,7 @@ def _collective_stuck(scene: Scene) -> Verdict | None:
         "collective_stuck",
         0.7,
         [],
-        f"All {len(collective)} ranks wait in the same collective ({where}): the code paths "
+        f"{all_ranks(collective, 'wait')} in the same collective ({where}): the code paths "
         f"agree, so suspect the network, NCCL or a frozen peer.",
     )
 
@@ -283,8 +284,8 @@ def _collective_mismatch(scene: Scene) -> Verdict | None:
     sites = len({acts[r].signature for r in collective})
     summary = (
         f"{cap(ranks_phrase(culprits))} {is_are(culprits)} blocked in {acts[culprits[0]].where} "
-        f"while {ranks_phrase(dominant)} wait in {acts[dominant[0]].where}: the ranks took "
-        f"different code paths."
+        f"while {ranks_phrase(dominant)} {verb(dominant, 'wait')} in {acts[dominant[0]].where}: "
+        f"the ranks took different code paths."
         if dominant
         else f"The ranks wait in different collectives ({sites} call sites), a tie with no "
         f"majority: the ranks took different code paths, and the stacks cannot tell which "

@@ -4,7 +4,9 @@ probe of every inference server they talk to.
 The two run in parallel, each under ``timeout``. Server addresses are read from the processes'
 own environment (``AREAL_LLM_SERVER_ADDRS``, exported by AReaL's SPMD launcher and by our
 launcher), from the servers' own command lines (single-controller AReaL records them nowhere
-else) and from the addresses pending tasks await.
+else) and from the addresses pending tasks await. An awaited address is listed only when it is
+an inference server: AReaL's controller also awaits its workers' RPC servers (``rpc_server
+--port P``), which answer ``/health`` and nothing an engine answers.
 """
 
 from __future__ import annotations
@@ -49,5 +51,17 @@ def gather_rollout(
         for t in dump.get("tasks", [])
         if t.get("awaiting") and t["awaiting"] not in addresses
     }
-    probes += probe_all(sorted(awaited), min(2.0, timeout))
+    probes += [p for p in probe_all(sorted(awaited), min(2.0, timeout)) if serves_inference(p)]
     return dumps, probes
+
+
+# What every probe holds; anything more came from an engine's own endpoints (servers.probe).
+PROBE_BASICS = frozenset({"address", "time", "health_s", "health_status", "state", "error"})
+
+
+def serves_inference(probe: dict[str, Any]) -> bool:
+    """An address a task awaits is an inference server when its probe learned something only an
+    engine answers (SGLang's ``/get_server_info``, SGLang's or vLLM's ``/metrics``), or when it
+    did not answer at all: a dead server cannot say what it was. Anything else that answers
+    ``/health`` (an AReaL worker's RPC server) is not one."""
+    return probe.get("health_status") is None or bool(set(probe) - PROBE_BASICS)

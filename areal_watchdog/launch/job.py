@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from areal_watchdog.common.atomic import write_text_atomic
+from areal_watchdog.common.mask import ENV_MASKED
 from areal_watchdog.common.redact import REDACTED, SECRET_NAME, Redactor
 from areal_watchdog.config.debug_env import render_debug_env
 from areal_watchdog.config.model import JobConfig
@@ -35,6 +36,9 @@ def job_environment(
         if node is not None:
             env[ENV_NODE] = node
     env.update(config.launch.env)
+    masked = masked_names(config.launch.env)
+    if masked:
+        env[ENV_MASKED] = ",".join(masked)
     return env
 
 
@@ -93,13 +97,17 @@ def launch_files(
 
 
 def stored_env(env: dict[str, str]) -> dict[str, str]:
-    """``launch.env`` as the run directory keeps it: a secret-looking name's value (or a value
-    that looks like a token) is never written; a replay takes it from its own environment."""
+    """``launch.env`` as the run directory keeps it: a secret's value is never written; a replay
+    takes it from its own environment."""
+    secret = set(masked_names(env))
+    return {name: REDACTED if name in secret else value for name, value in env.items()}
+
+
+def masked_names(env: dict[str, str]) -> list[str]:
+    """The ``launch.env`` variables that hold secrets: a secret-looking name, or a value that
+    looks like a token. Their values are never stored, and masked in the job's output."""
     clean = Redactor()
-    return {
-        name: REDACTED if SECRET_NAME.search(name) or clean.scrub(value) != value else value
-        for name, value in env.items()
-    }
+    return [n for n, v in env.items() if SECRET_NAME.search(n) or clean.scrub(v) != v]
 
 
 def stale_state(layout: RunLayout) -> list[Path]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TextIO
 
 from areal_watchdog.common.atomic import open_append, read_json, write_json_atomic
+from areal_watchdog.common.mask import Mask, job_mask
 from areal_watchdog.common.roles import SIDECAR_MODULE
 from areal_watchdog.common.run_processes import kill_run_processes
 from areal_watchdog.config.model import JobConfig
@@ -116,7 +117,8 @@ class _LocalRun:
 
     def run(self) -> int:
         held = prepare_run_dir(self.plan, lock=True)  # released when this process ends
-        services = [_Piped(spec, self.out) for spec in self.plan.of_kind("service")]
+        mask = job_mask(self.layout, {**os.environ, **self.plan.main().env})
+        services = [_Piped(spec, self.out, mask) for spec in self.plan.of_kind("service")]
         for spec in self.plan.of_kind("watchdog"):
             self.sidecar = _Sidecar(spec, self.out, self.say, self.cancel_pipe[1])
         self.say(f"run {self.plan.run_id}: {self.plan.run_dir}")
@@ -127,7 +129,7 @@ class _LocalRun:
             spec = self.plan.main()
             extra = _gate_values(spec.after, services, interrupts, self.say) if spec.after else {}
             if extra is not None:
-                job = _Piped(spec, self.out, extra)
+                job = _Piped(spec, self.out, mask, extra)
                 self.supervise(job, interrupts)
         finally:
             interrupts.restore()
@@ -216,16 +218,18 @@ def cancel_verdict(layout: RunLayout, incident_id: str | None = None) -> list[st
 
 
 class _Piped:
-    """A started process whose output goes to the terminal and to its log file."""
+    """A started process whose output goes, masked, to the terminal and to its log file."""
 
-    def __init__(self, spec: ProcessSpec, out: TextIO, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, spec: ProcessSpec, out: TextIO, mask: Mask, env: dict[str, str] | None = None
+    ) -> None:
         self.spec = replace(spec, env={**spec.env, **(env or {})}) if env else spec
         self.log = _open_log(spec.log)
         self.proc = start(
             self.spec, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             errors="replace",
         )  # fmt: skip
-        self.pump = OutputPump(self.proc.stdout, out, self.log)
+        self.pump = OutputPump(self.proc.stdout, out, self.log, mask)
 
     def stop(self, run_id: str, grace: float) -> None:
         """End it (and, with it, every process of the run), then close its log."""

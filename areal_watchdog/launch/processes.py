@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 import psutil
 
+from areal_watchdog.common.mask import Mask
 from areal_watchdog.common.parent import die_with_parent
 from areal_watchdog.common.run_processes import kill_run_processes, run_processes
 from areal_watchdog.launch.plan import ProcessSpec
@@ -58,11 +59,13 @@ def stop_job(job: subprocess.Popen, run_id: str, grace: float = TERMINATE_GRACE)
 
 
 class OutputPump:
-    """Copies the job's output to the terminal and to a log; ``mute`` keeps only the log (after
-    a cancel, torchrun's own traceback about the signal is noise on the terminal)."""
+    """Copies the job's output, each line masked (``common.mask``), to the terminal and to a
+    log; ``mute`` keeps only the log (after a cancel, torchrun's own traceback about the signal
+    is noise on the terminal)."""
 
-    def __init__(self, source: TextIO, out: TextIO, log: TextIO) -> None:
+    def __init__(self, source: TextIO, out: TextIO, log: TextIO, mask: Mask) -> None:
         self.muted = False
+        self.mask = mask
         self.thread = threading.Thread(target=self._run, args=(source, out, log), daemon=True)
         self.thread.start()
 
@@ -70,7 +73,8 @@ class OutputPump:
         self.muted = True
 
     def _run(self, source: TextIO, out: TextIO, log: TextIO) -> None:
-        for line in source:
+        for raw in source:
+            line = self.mask(raw)
             if not self.muted:
                 out.write(line)
                 out.flush()

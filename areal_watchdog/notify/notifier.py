@@ -14,7 +14,13 @@ from typing import Any
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.notify.delivery import deliver, delivery_id, flush
 from areal_watchdog.notify.envelope import build_envelope, encode
-from areal_watchdog.notify.sinks import ResolvedSink, SecretError, SinkSpec, resolve
+from areal_watchdog.notify.sinks import (
+    ResolvedSink,
+    SecretError,
+    SinkSpec,
+    resolve,
+    secret_values,
+)
 from areal_watchdog.notify.slack import build_slack_message
 from areal_watchdog.notify.spool import Spool
 
@@ -36,17 +42,6 @@ def resolve_all(specs: list[SinkSpec], log: Callable[[str], None]) -> list[Resol
         except SecretError as exc:
             log(str(exc))
     return resolved
-
-
-def secret_values(specs: list[SinkSpec]) -> list[str]:
-    """The sinks' URLs and secrets, for redaction."""
-    values: list[str] = []
-    for spec in specs:
-        try:
-            values += resolve(spec).secret_values()
-        except SecretError:
-            continue
-    return values
 
 
 class Notifier:

@@ -171,6 +171,18 @@ def resolve(spec: SinkSpec, env: dict[str, str] | None = None) -> ResolvedSink:
     return ResolvedSink(spec, url, secret, token)
 
 
+def secret_values(specs: list[SinkSpec]) -> list[str]:
+    """The sinks' URLs and secrets, for redaction and masking (sinks that cannot be read now
+    are left out)."""
+    values: list[str] = []
+    for spec in specs:
+        try:
+            values += resolve(spec).secret_values()
+        except SecretError:
+            continue
+    return values
+
+
 def _read_secret_file(path: str, name: str, field: str) -> str:
     try:
         info = os.stat(path)

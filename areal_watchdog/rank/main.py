@@ -13,7 +13,9 @@ preparing what the watchdog needs from inside the rank:
 - the Flight Recorder listener (``rank.flight_recorder``) when the launcher asked for it;
 - the asyncio task listener (``rank.task_listener``): pending coroutines are on no thread's stack;
 - the trajectory dump of AReaL's trainer (``rank.areal_trajectory``), should the script run one,
-  and a resumed run's quarantine (``rank.areal_quarantine``).
+  and a resumed run's quarantine (``rank.areal_quarantine``);
+- ``sys.stdout`` and ``sys.stderr`` masked (``common.mask``): the secrets the launcher knows never
+  reach torchrun's per-rank logs through the job's own prints.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import time
 from pathlib import Path
 
 from areal_watchdog.common.atomic import write_json_atomic
+from areal_watchdog.common.mask import MaskedStream, job_mask
 from areal_watchdog.rank import areal_quarantine, areal_trajectory, task_listener
 from areal_watchdog.rank.arming import (
     allow_any_tracer,
@@ -71,6 +74,14 @@ def _record_exit(layout: RunLayout, rank: int, record: dict[str, object]) -> Non
         write_json_atomic(layout.exit_record(rank), {"rank": rank, **record})
 
 
+def _mask_output(layout: RunLayout) -> None:
+    """Mask the run's secrets in whatever the job prints."""
+    mask = job_mask(layout)
+    if mask.values:
+        sys.stdout = MaskedStream(sys.stdout, mask)  # type: ignore[assignment]
+        sys.stderr = MaskedStream(sys.stderr, mask)  # type: ignore[assignment]
+
+
 def _run_entrypoint(entry: str, args: list[str]) -> None:
     if entry.endswith(".py") or os.sep in entry:
         path = os.path.abspath(entry)
@@ -92,6 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     rank = int(os.environ.get("RANK", "0"))
     layout = RunLayout(Path(watch_dir).parent) if watch_dir else None
     if layout is not None:
+        quietly(_mask_output, layout)
         allow_any_tracer()
         _register(layout, rank)
         if os.environ.get(ENV_FLIGHT_RECORDER) == "1":

@@ -21,7 +21,6 @@ from areal_watchdog.config.model import OnHang
 from areal_watchdog.diagnose.activity import work_thread
 from areal_watchdog.diagnose.verdict import Activity, Verdict
 from areal_watchdog.evidence.model import EXITED, Evidence, RankEvidence
-from areal_watchdog.rundir.layout import INCIDENTS
 from areal_watchdog.watch.triggers import Trigger
 
 SCHEMA_VERSION = 4
@@ -52,7 +51,7 @@ class IncidentContext:
     action: OnHang = "report"
     trajectory: dict[str, Any] | None = None
     timings: dict[str, float] = field(default_factory=dict)  # seconds spent per phase
-    folder: str = INCIDENTS  # where in the run directory it is written (SUSPECTED: not posted)
+    folder: str = "incidents"  # its folder in the run directory (``suspected``: not posted)
 
 
 def new_incident_id(category: str, now: float | None = None) -> str:

@@ -21,7 +21,6 @@ from areal_watchdog.common.atomic import (
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.evidence.model import Evidence, RankEvidence
 from areal_watchdog.report.markdown import render_markdown
-from areal_watchdog.rundir.layout import INCIDENTS
 
 FILES_FOR_ALL = 64  # ranks up to which every rank gets its own stack and log file
 # Files written side by side: on a network filesystem each is a few round trips (one after the
@@ -36,7 +35,7 @@ def write_incident(
     evidence: Evidence,
     redactor: Redactor,
     by_node: dict[str, list[dict[str, Any]]] | None = None,
-    folder: str = INCIDENTS,
+    folder: str = "incidents",
 ) -> Path:
     """Write the incident directory; the report goes last so its presence means "complete".
     ``by_node``: every rank's entry, one file per node, when the report holds a few

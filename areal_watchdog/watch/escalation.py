@@ -11,9 +11,11 @@ A silence is followed until a new step ends it, never forgotten after one look:
   decides;
 - a dismissed or suspected look is written to the run directory (``status`` shows it), not
   posted; the leader looks again at most once per stall threshold, and a later look may confirm;
-- the hard limit: no new step for ``watchdog.cancel_after`` seconds (``CANCEL_AFTER_FACTOR``
-  times the threshold by default) runs ``on_hang`` whatever moved meanwhile: movement without
-  steps for that long is a livelock or a retry loop.
+- the hard limit: no new step for ``watchdog.cancel_after`` seconds runs ``on_hang`` whatever
+  moved meanwhile: movement without steps for that long is a livelock or a retry loop. By
+  default ``CANCEL_AFTER_FACTOR`` times the threshold or the job's longest step interval so
+  far, whichever is longer (the job's history: a job whose steps wait 25 s on a saturated server
+  is not ended for it; nvidia-resiliency-ext learns its timeouts the same way).
 
 ``Escalation`` is a part of ``Incidents`` (``incident``), kept apart by concept; the decisions
 on plain values are the functions below it.
@@ -29,7 +31,7 @@ from areal_watchdog.diagnose.verdict import Verdict
 from areal_watchdog.watch.second_look import RETRY_LOOPS, marks, moved
 from areal_watchdog.watch.triggers import Trigger
 
-CANCEL_AFTER_FACTOR = 3.0  # the default hard limit, in stall thresholds
+CANCEL_AFTER_FACTOR = 5.0  # the default hard limit, in stall thresholds or step intervals
 CONCLUSIVE_CATEGORIES = frozenset({"rank_crashed", "node_lost"})
 CONCLUSIVE_CAUSES = frozenset({"inference_unreachable"})
 TIME_DECIDES = frozenset({"workflow_stuck"})  # causes no stack tells from a slow phase
@@ -69,9 +71,12 @@ class Escalation:
     """``Incidents``' methods that follow a silence; ``Incidents`` holds the state they use."""
 
     def cancel_after(self) -> float:
-        """The hard limit in force: ``watchdog.cancel_after``, else a multiple of the threshold."""
+        """The hard limit in force: ``watchdog.cancel_after``, else a multiple of the threshold
+        or of the longest step interval seen, whichever is longer."""
         configured = self.info.watchdog.cancel_after
-        return configured if configured is not None else CANCEL_AFTER_FACTOR * self.clock.threshold
+        if configured is not None:
+            return configured
+        return CANCEL_AFTER_FACTOR * max(self.clock.threshold, self.clock.max_interval)
 
     def judge(self, look: Any) -> None:
         """A first look at the silence: act, wait for a second look, or wait for time (each

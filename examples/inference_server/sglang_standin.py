@@ -8,7 +8,8 @@ probes read, and it only ever listens on a loopback address:
 
 - ``GET /health``, ``/health_generate``, ``/v1/models``, ``/get_model_info``,
   ``/get_server_info``, ``/metrics`` (Prometheus text: ``sglang:num_running_reqs``,
-  ``sglang:num_queue_reqs``, ``sglang:gen_throughput``, ``sglang:is_paused``);
+  ``sglang:num_queue_reqs``, ``sglang:gen_throughput``, ``sglang:is_paused``,
+  ``sglang:generation_tokens_total``, ``sglang:num_requests_total``);
 - ``POST /generate`` (``input_ids``, ``sampling_params`` with ``max_new_tokens``,
   ``temperature``, ``top_p``, ``top_k``, ``stop_token_ids``, ``ignore_eos``; answers
   ``output_ids`` and ``meta_info`` with ``output_token_logprobs`` ``[[logprob, id, None], ...]``
@@ -24,8 +25,17 @@ With ``--model-path`` tokens are sampled from a real causal LM (``transformers``
 trainer learns from real log-probabilities; without it they come from a seeded generator.
 ``--wedge-after N`` makes the server stop answering anything after N generate requests, as a
 wedged scheduler does (the socket still accepts).
+``--hold-update-after N`` makes it apply N weight updates and then never answer the next one,
+while it still answers everything else: a lost weight update (AReaL's controller and rollout
+worker then wait for it forever). With ``--hold-update-claim PATH`` only the first server to
+create ``PATH`` does so, and writes its address there: one of several servers of a job.
 
-``python sglang_standin.py --port P [--host 127.0.0.1] [--model-path DIR] [--wedge-after N]``
+``--die-after-update N`` SIGKILLs the server at the first generate request after its N-th weight
+update (the rollout of the next step): a server process that is gone, its port refusing
+connections, while AReaL's rollout worker resubmits its episodes against it.
+
+``python sglang_standin.py --port P [--host 127.0.0.1] [--model-path DIR] [--wedge-after N]
+[--hold-update-after N [--hold-update-claim PATH]] [--die-after-update N]``
 """
 
 from __future__ import annotations
@@ -33,7 +43,9 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -128,7 +140,13 @@ def _filtered(logits: Any, params: dict[str, Any]) -> Any:
 class State:
     """What the server knows: paused, requests running and queued, tokens produced."""
 
-    def __init__(self, sampler: Sampler, wedge_after: int | None, latency: float) -> None:
+    def __init__(
+        self,
+        sampler: Sampler,
+        wedge_after: int | None,
+        latency: float,
+        hold_update_after: int | None = None,
+    ) -> None:
         self.sampler = sampler
         self.lock = threading.Condition()
         self.paused = False
@@ -142,6 +160,8 @@ class State:
         self.wedge_after = wedge_after
         self.latency = latency
         self.wedged = threading.Event()
+        self.hold_update_after = hold_update_after
+        self.die_after_update: int | None = None  # SIGKILL at a request after this many updates
 
     def throughput(self) -> float:
         return self.generated / max(1e-6, time.time() - self.started)
@@ -203,6 +223,8 @@ class Handler(BaseHTTPRequestHandler):
                 f"sglang:num_queue_reqs {s.queued}",
                 f"sglang:gen_throughput {s.throughput():.3f}",
                 f"sglang:is_paused {int(s.paused)}",
+                f"sglang:generation_tokens_total {s.generated}",
+                f"sglang:num_requests_total {s.requests}",
             ]
             self._reply("\n".join(lines) + "\n", text=True)
         else:
@@ -218,13 +240,21 @@ class Handler(BaseHTTPRequestHandler):
             s.pause(self.path == "/pause_generation")
             self._reply({"success": True})
         elif self.path == "/update_weights_from_disk":
-            s.sampler.reload(str(body.get("model_path")))
-            s.version += 1
-            self._reply({"success": True, "message": f"loaded {body.get('model_path')}"})
+            self._reply(self.update_weights_from_disk(str(body.get("model_path"))))
         elif self.path in NO_OP_ENDPOINTS:
             self._reply({"success": True})
         else:
             self._reply({"error": f"no such endpoint {self.path}"}, 404)
+
+    def update_weights_from_disk(self, model_path: str) -> dict[str, Any]:
+        """SGLang's update handler; with ``hold_update_after`` one update is lost: this request
+        thread waits here forever, as a server whose weight load never completes."""
+        s = self.state
+        if s.hold_update_after is not None and s.version >= s.hold_update_after:
+            threading.Event().wait()
+        s.sampler.reload(model_path)
+        s.version += 1
+        return {"success": True, "message": f"loaded {model_path}"}
 
     def _generate(self, body: dict[str, Any]) -> dict[str, Any]:
         s = self.state
@@ -233,6 +263,8 @@ class Handler(BaseHTTPRequestHandler):
             rid = s.requests
             if s.wedge_after is not None and s.requests > s.wedge_after:
                 s.wedged.set()
+            if s.die_after_update is not None and s.version >= s.die_after_update:
+                os.kill(os.getpid(), signal.SIGKILL)
             s.queued += 1
             while s.paused or s.wedged.is_set():
                 s.lock.wait()
@@ -285,14 +317,16 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def serve(host: str, port: int, model_path: str | None, wedge_after: int | None = None,
-          latency: float = 0.0, seed: int = 1) -> None:  # fmt: skip
+          latency: float = 0.0, seed: int = 1, hold_update_after: int | None = None,
+          die_after_update: int | None = None) -> None:  # fmt: skip
     """Listen on ``host:port`` (a loopback address only) until killed."""
     if not ipaddress.ip_address(host).is_loopback:
         sys.exit(
             f"[sglang-standin] refusing to listen on {host}: the stand-in serves loopback only "
             "(run AReaL in a loopback-only network namespace, see docs/areal.md)"
         )
-    Handler.state = State(Sampler(model_path, seed), wedge_after, latency)
+    Handler.state = State(Sampler(model_path, seed), wedge_after, latency, hold_update_after)
+    Handler.state.die_after_update = die_after_update
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True
     print(f"[sglang-standin] serving {model_path or 'random tokens'} on {host}:{port}", flush=True)
@@ -307,8 +341,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--random-seed", type=int, default=1)
     parser.add_argument("--wedge-after", type=int, default=None)
     parser.add_argument("--latency", type=float, default=0.01)
+    parser.add_argument("--hold-update-after", type=int, default=None)
+    parser.add_argument("--hold-update-claim", default=None)
+    parser.add_argument("--die-after-update", type=int, default=None)
     args, _ = parser.parse_known_args(argv)  # SGLang's many other flags mean nothing here
-    serve(args.host, args.port, args.model_path, args.wedge_after, args.latency, args.random_seed)
+    hold = args.hold_update_after
+    if hold is not None and args.hold_update_claim:
+        hold = hold if _claim(args.hold_update_claim, f"{args.host}:{args.port}") else None
+    serve(args.host, args.port, args.model_path, args.wedge_after, args.latency, args.random_seed,
+          hold, args.die_after_update)  # fmt: skip
+
+
+def _claim(path: str, address: str) -> bool:
+    """Create ``path`` holding ``address``; False when another server created it first."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as claimed:
+        claimed.write(address)
+    return True
 
 
 if __name__ == "__main__":

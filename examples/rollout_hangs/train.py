@@ -4,7 +4,9 @@ Every rank trains a tiny policy (DDP on gloo) on batches that an async rollout c
 from an inference server, started by local rank 0 like a rollout worker starts its server:
 ``demo.server: sglang`` is the SGLang stand-in (``examples/inference_server/sglang_standin.py``),
 ``demo.server: vllm`` a real vLLM (``demo.vllm_python -m vllm.entrypoints.openai.api_server``
-serving ``demo.vllm_model`` on 127.0.0.1, its pause endpoints on: ``VLLM_SERVER_DEV_MODE=1``).
+serving ``demo.vllm_model`` on 127.0.0.1, its pause endpoints on: ``VLLM_SERVER_DEV_MODE=1``);
+with ``demo.start_server: false`` the server already serving on ``demo.server_port`` (one that
+other clients share).
 The names follow AReaL's own (``prepare_batch ->
 active_submit_and_wait -> wait_results`` on the training thread; ``_execute_workflow ->
 arun_episode -> agenerate -> arequest_with_retry`` as coroutines on an ``AsyncTaskRunner``
@@ -226,7 +228,8 @@ def main() -> None:
     parser.add_argument("--config", required=True)
     cfg = yaml.safe_load(Path(parser.parse_args().config).read_text())["demo"]
     local_rank_0 = os.environ.get("LOCAL_RANK", "0") == "0"
-    server = start_server(int(cfg["server_port"]), cfg) if local_rank_0 else None
+    starts = local_rank_0 and cfg.get("start_server", True)
+    server = start_server(int(cfg["server_port"]), cfg) if starts else None
     try:
         train(cfg, server)
     finally:

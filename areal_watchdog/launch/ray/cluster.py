@@ -5,14 +5,20 @@ share a host as Ray's own tests do: each its node name, its dashboard agent port
 ``ray start --block`` child of the launcher: stopping it ends that node's daemons, and the
 launcher's death (``kill -9`` too, through Ray's reaper) ends them all; nothing of another
 cluster on the machine is touched (``ray stop`` would end every Ray process of the machine).
+
+Ray makes its temp dir (sessions, sockets, logs) mode 0777 whatever it finds: it lives inside a
+folder of the run's own, ``/tmp/areal-ray-<run id>``, made 0700 before the head starts and
+removed once the cluster has stopped (``Raylets.stop``, or the guardian when the launcher died).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 import urllib.request
@@ -31,6 +37,7 @@ START_TIMEOUT_S = 120.0  # one `ray start` on a loaded 2-core machine takes 5-15
 OBJECT_STORE_BYTES = 200 * 1024**2  # the job moves no tensors through it: keep /dev/shm free
 HEAD_NAME = "ray-head"
 OUR_PREFIX = "AREAL_WATCHDOG_"
+TEMP_ROOT = "/tmp/areal-ray-{run_id}"  # short: Ray's unix sockets live under it (107 bytes)
 
 
 @dataclass(frozen=True)
@@ -43,14 +50,14 @@ class OwnCluster:
     gcs_port: int
     dashboard_port: int
     agent_ports: tuple[int, ...]  # the dashboard agent's port, one per raylet (52365 clashes)
-    temp_dir: str  # short: Ray's unix sockets live under it (paths past 107 bytes break)
+    temp_dir: str  # Ray's, inside the run's private folder (TEMP_ROOT)
 
     @classmethod
     def plan(cls, ray: RaySection, nodes: int, run_id: str) -> OwnCluster:
         ports = free_ports(2 + nodes)
         return cls(
             nodes, ray.cpus_per_node, ray.gpus_per_node, ports[0], ports[1], tuple(ports[2:]),
-            f"/tmp/areal-ray-{run_id}",
+            f"{TEMP_ROOT.format(run_id=run_id)}/ray",
         )  # fmt: skip
 
     @property
@@ -85,7 +92,7 @@ class OwnCluster:
         (a graceful stop leaves Ray's dashboard agents behind: ``Raylets.stop`` ends them).
         Each one's output goes to ``logs/ray_start_<node>.log``."""
         started = time.monotonic()
-        raylets = Raylets([])
+        raylets = Raylets([], make_private(Path(self.temp_dir).parent))
         for argv in self.commands(python):
             name = argv[argv.index("--node-name") + 1]
             log = logs / f"ray_start_{name}.log"
@@ -110,6 +117,7 @@ class Raylets:
     """The own cluster's ``ray start --block`` processes, one a node."""
 
     procs: list[subprocess.Popen]
+    temp_root: Path  # removed once every node's daemons are gone
 
     @property
     def groups(self) -> list[int]:
@@ -128,6 +136,33 @@ class Raylets:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        remove_private(self.temp_root)
+
+
+def make_private(path: Path) -> Path:
+    """The run's own folder for Ray's temp dir, mode 0700; one left by a launch of the same run
+    (a killed launcher, the guardian dead too) is taken back only if it is ours."""
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        if not _ours(path):
+            raise UserError(f"{path} exists and is not a folder of yours: remove it") from None
+        path.chmod(0o700)
+    return path
+
+
+def remove_private(path: Path) -> None:
+    """Remove the run's folder for Ray's temp dir (never through a symlink, never another
+    user's)."""
+    if _ours(path):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _ours(path: Path) -> bool:
+    with contextlib.suppress(OSError):
+        st = path.lstat()
+        return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+    return False
 
 
 def cluster_environment() -> dict[str, str]:

@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 
 from areal_watchdog.common.atomic import open_append, write_json_atomic
+from areal_watchdog.common.mask import Mask, job_mask
 from areal_watchdog.launch.ray.sidecars import NAMESPACE, RayNode, live_nodes, place_sidecars
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_RAYLET, RunLayout
@@ -63,16 +64,16 @@ def own_raylet() -> str | None:
     return None
 
 
-def run_job(argv: list[str], log_path: Path) -> int:
-    """CMD to its end, its output on our stdout (Ray's job log) and in the run's log file;
-    SIGTERM (Ray's stop_job) is passed on. A run AReaL's launcher ends as completed is 0."""
+def run_job(argv: list[str], log_path: Path, mask: Mask) -> int:
+    """CMD to its end, its output masked on our stdout (Ray's job log) and in the run's log
+    file; SIGTERM (Ray's stop_job) is passed on. A run AReaL's launcher ends as completed is 0."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
     signal.signal(signal.SIGINT, lambda *_: proc.send_signal(signal.SIGINT))
     completed = False
     with open_append(log_path) as log:
         for raw in iter(proc.stdout.readline, b""):  # type: ignore[union-attr]
-            line = raw.decode(errors="replace")
+            line = mask(raw.decode(errors="replace"))
             completed = completed or bool(AREAL_COMPLETED.search(line))
             sys.stdout.write(line)
             log.write(line)
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     raylet = own_raylet()
     if raylet:  # the head's sidecar finds AReaL's controller by it
         os.environ[ENV_RAYLET] = raylet
-    returncode = run_job(command, layout.ray_driver_log)
+    returncode = run_job(command, layout.ray_driver_log, job_mask(layout))
     record = {"run_id": info.run_id, "returncode": returncode, "time": time.time()}
     layout.job_exit_dir.mkdir(exist_ok=True)
     for name in names:

@@ -2,7 +2,8 @@
 the launcher's pipe and, at its end (the launcher finished, or died to ``kill -9``), kills what
 of the run is left on this machine: the own cluster's process groups (``ray start``'s reaper
 does not outlive a killed launcher reliably, and Ray's dashboard agents outlive their raylet) and
-every process that carries the run id (the job's driver, in a session of Ray's making).
+every process that carries the run id (the job's driver, in a session of Ray's making), then the
+own cluster's temp dir.
 
     python -m areal_watchdog.launch.ray.guardian RUN_DIR RUN_ID   (stdin: the launcher's pipe)
 """
@@ -18,11 +19,13 @@ from pathlib import Path
 
 from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.run_processes import kill_run_processes
+from areal_watchdog.launch.ray.cluster import TEMP_ROOT, remove_private
 from areal_watchdog.rundir.layout import RunLayout
 
 
 def end_the_run(layout: RunLayout, run_id: str) -> None:
-    """Kill the own cluster's process groups and the run's processes on this machine."""
+    """Kill the own cluster's process groups and the run's processes on this machine; remove
+    the cluster's temp dir."""
     record = read_json(layout.ray_cluster_file)
     groups = record.get("groups", []) if isinstance(record, dict) else []
     if isinstance(record, dict) and record.get("run_id") == run_id:
@@ -30,6 +33,7 @@ def end_the_run(layout: RunLayout, run_id: str) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError, TypeError):
                 os.killpg(int(group), signal.SIGKILL)
     kill_run_processes(run_id)
+    remove_private(Path(TEMP_ROOT.format(run_id=run_id)))
 
 
 def start_guardian(layout: RunLayout, run_id: str) -> subprocess.Popen:

@@ -1,0 +1,85 @@
+"""Mask the secrets the launcher knows in the job's own output, as CI systems do: ``***``.
+
+The values: the ``launch.env`` variables whose values the run directory never stores (a
+secret-looking name, or a value that looks like a token: ``launch.job.masked_names``) and every
+notify secret (its URL, the URL's path and query, a signing secret, a bot token). The launcher
+names the first in ``AREAL_WATCHDOG_MASKED`` (names, never values), so every process of the run
+reads the same values from its own environment; the notify secrets are read from their sources
+(``*_env``, ``*_file``) as the sidecar reads them. Only these exact values are masked: the job's
+output is not scrubbed for shapes (``max_new_tokens=1024`` stays as printed).
+
+The launcher masks what it writes or tees (``watchdog/logs/torchrun_<node>.log``, the terminal,
+``ray_driver.log``); the rank wrapper masks the rank's ``sys.stdout`` and ``sys.stderr``, which
+torchrun's per-rank logs are written from. What a rank writes to its file descriptors directly
+(a subprocess, C code, ``sys.stdout.buffer``) bypasses the rank's mask.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any, TextIO
+
+from areal_watchdog.notify.sinks import SinkSpec, secret_values
+from areal_watchdog.rundir.launch_info import LaunchInfo
+from areal_watchdog.rundir.layout import RunLayout
+
+ENV_MASKED = "AREAL_WATCHDOG_MASKED"  # the names of the variables whose values are masked
+MASK = "***"
+MIN_LENGTH = 6  # shorter values ("1", "true") would mask ordinary words
+
+
+class Mask:
+    """Replaces each known value with ``***``, the longest first."""
+
+    def __init__(self, values: Iterable[str] = ()) -> None:
+        self.values = sorted({v for v in values if len(v) >= MIN_LENGTH}, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for value in self.values:
+            if value in text:
+                text = text.replace(value, MASK)
+        return text
+
+
+def job_mask(layout: RunLayout, env: Mapping[str, str] | None = None) -> Mask:
+    """The run's mask: the values of the variables ``ENV_MASKED`` names in ``env`` (default:
+    this process's environment) and the notify secrets of ``launch.json``."""
+    env = os.environ if env is None else env
+    names = [n for n in env.get(ENV_MASKED, "").split(",") if n in env]
+    notify = [SinkSpec.from_dict(d) for d in LaunchInfo.load(layout.run_dir).watchdog.notify]
+    return Mask([*(env[n] for n in names), *secret_values(notify)])
+
+
+class MaskedStream:
+    """A text stream that masks whole lines before they reach ``stream``: ``print`` writes a
+    value and its neighbours in separate calls. A flush passes on a partial line (a progress
+    bar) masked as it is."""
+
+    def __init__(self, stream: TextIO, mask: Mask) -> None:
+        self._stream, self._mask = stream, mask
+        self._pending = ""
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            self._pending += text
+            if "\n" in self._pending:
+                lines, _, self._pending = self._pending.rpartition("\n")
+                self._stream.write(self._mask(lines + "\n"))
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._pending:
+                self._stream.write(self._mask(self._pending))
+                self._pending = ""
+        self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, buffer, ...
+        return getattr(self._stream, name)
