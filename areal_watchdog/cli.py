@@ -38,12 +38,8 @@ from areal_watchdog.evidence import offline
 from areal_watchdog.launch.backend import backend
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.local import LocalBackend
-from areal_watchdog.launch.resume import (
-    check_resumable,
-    recovery_lines,
-    resume_notes,
-    run_resuming,
-)
+from areal_watchdog.launch.resume import recovery_lines, run_resuming
+from areal_watchdog.launch.resume_checks import check_resumable, resume_notes, tokenizer_warning
 from areal_watchdog.launch.slurm.jobs import cancel_job, job_state, recorded_job_id, resolve_job
 from areal_watchdog.launch.slurm.status import status_lines
 from areal_watchdog.notify.delivery import delivery_id, send
@@ -146,6 +142,9 @@ def cmd_launch(name: str, argv: list[str], watchdog: bool) -> int:
     resuming = enabled and config.watchdog.on_hang == "resume"
     if resuming:
         check_resumable(config, name, plan.mode, getattr(args, "wait", False))
+        warning = tokenizer_warning(config, plan.mode)
+        if warning:
+            print(f"[areal-launch] warning: {warning}", file=sys.stderr)
         plan = replace(plan, notes=[*plan.notes, *resume_notes(config, plan.mode, name)])
     if args.dry_run:
         print(plan.render())
@@ -237,6 +236,12 @@ def cmd_replay(argv: list[str], _watchdog: bool) -> int:
         help="only these groups (rows) of the step's batch, e.g. 0,2-3, padded with the groups "
         "of the step before, which trained (what a bisection does)",
     )
+    parser.add_argument(
+        "--groups-of",
+        type=int,
+        help="take --groups from this dumped step's batch, fed as --step (a bisection replays "
+        "groups of the step before, which trained, to tell a hang keyed on the step)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
     parser.add_argument(
         "--unsafe-load",
@@ -251,6 +256,8 @@ def cmd_replay(argv: list[str], _watchdog: bool) -> int:
     args = parser.parse_intermixed_args(argv)
     if args.last is not None and args.step is not None:
         parser.error("--to goes with --from, not with --step")
+    if args.groups_of is not None and args.groups is None:
+        parser.error("--groups-of goes with --groups")
     if args.nproc is not None and args.nproc < 1:
         parser.error("--nproc must be at least 1")
     request = ReplayRequest(
@@ -263,6 +270,7 @@ def cmd_replay(argv: list[str], _watchdog: bool) -> int:
         args.allow_config_change,
         tuple(args.overrides),
         args.groups,
+        args.groups_of,
     )
     replay = plan_replay_config(request)
     config, steps = replay.config, replay.steps

@@ -1,4 +1,9 @@
-"""``on_hang: resume`` against the cancel baseline, on a real AReaL run of the CPU harness.
+"""``on_hang: resume`` against the cancel baseline: a torchrun script of a user's own, then a
+real AReaL run of the CPU harness.
+
+The torchrun script is ``examples/chat_rl`` (4 ranks on gloo, 8 groups a step, chat rows sharing
+a system message) with one poisoned row at step 3: measured, report -> resumed (the report
+written to the resumed run's first new step) and its parts, the replays and what they cost.
 
 One single-controller GRPO run of 12 steps on two data-parallel ranks, recover checkpoint every
 step, with two hangs: a data-dependent one (a dataset row the tiny model's own code loops on,
@@ -147,7 +152,46 @@ def _last_step(lines: list[tuple[float, str]]) -> str:
     return f"last step done {max(steps)}" if steps else "no step done"
 
 
+CHAT_CONFIG = REPO / "examples" / "chat_rl" / "config.yaml"
+
+
+def chat_rows(root: Path) -> Rows:
+    """One run of the chat example with a poisoned row at step 3, timed line by line."""
+    cmd = [sys.executable, "-m", "areal_watchdog.cli", "--watchdog", "local", str(CHAT_CONFIG),
+           f"cluster.fileroot={root}", "trial_name=bench", "data.poisoned=[21]"]  # fmt: skip
+    lines: list[tuple[float, str]] = [(time.time(), "[bench] started")]
+    with subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
+        lines += [(time.time(), line.rstrip("\n")) for line in proc.stdout]
+    report = _first(lines, "[areal-launch] report:")
+    relaunch = _first(lines, "[areal-launch] run ", after=report or 0.0)
+    resumed = _first(lines, "first step seen", after=relaunch or 0.0)
+    record = json.loads((root / "chat-rl" / "bench" / "watchdog" / "recovery.json").read_text())
+    (hang,) = record["attempts"]
+    replays = hang["replays"]
+    hung = [r["seconds"] for r in replays if r["hung"]]
+    spent = sum(r["seconds"] for r in replays)
+    rows: Rows = [
+        ("outcome", f"exit {proc.returncode}, {record['outcome']}", "completes by itself"),
+        ("report -> resumed (first new step seen)", f"{resumed - report:.0f} s", "-"),
+        ("  replays, bisection included", f"{len(replays)}, {spent:.0f} s; narrowed 8 groups "
+         f"to {hang['narrowed']['to']}", "the poisoned row alone"),
+        ("  a hung replay, start to report", f"{min(hung):.0f}-{max(hung):.0f} s",
+         "stall 6 s + second look 3 s + start-up"),
+        ("  relaunch -> first new step", f"{resumed - relaunch:.0f} s", "-"),
+        ("rows the resumed run left out", str(hang["rows_left_out"]), "1 of 64"),
+    ]  # fmt: skip
+    return rows
+
+
 def run_resume_benchmarks(quick: bool = False) -> Iterator[tuple[str, Rows]]:
+    with tempfile.TemporaryDirectory(prefix="areal-bench-resume-chat-") as tmp:
+        yield (
+            "on_hang: resume on a torchrun script (examples/chat_rl: 4 ranks, 8 groups a step, "
+            "a poisoned row at step 3, stall_timeout 6)",
+            chat_rows(Path(tmp)),
+        )
     title = (
         f"on_hang: resume on real AReaL (CPU harness, single controller, fsdp:d2, {STEPS} steps; "
         f"a poisoned row at step {POISONED_ROW // 2}, a rank frozen once at step {FROZEN_STEP})"

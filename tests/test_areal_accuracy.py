@@ -136,13 +136,12 @@ def test_a_slow_phase_the_job_has_never_seen_trains_to_the_end_and_pages_nobody(
     )  # fmt: skip
     assert result.returncode == 0, result.output[-4000:]  # not refused (2), not cancelled (3)
     assert result.reports == []  # nothing posted
-    looks = suspected_looks(result.run_dir)
-    assert looks and {(r["cause"], r["confirmation"]["posted"]) for r in looks} == {
-        ("workflow_stuck", False)
-    }, result.output[-3000:]
+    looks = suspected_looks(result.run_dir)  # later looks may catch the weight update
+    assert looks and looks[0]["cause"] == "workflow_stuck", result.output[-3000:]
+    assert not any(r["confirmation"]["posted"] for r in looks)
     assert looks[0]["last_step"] == 3 and looks[0]["confirmation"]["cancel_after_s"] >= 60
     assert "no stack tells a slow phase from a hang here" in result.output
-    assert "job completed (last step 4); 0 incident(s), 1 suspected look(s)" in result.output
+    assert "job completed (last step 4); 0 incident(s), " in result.output
 
 
 @one_release("1.0.4")

@@ -280,15 +280,19 @@ def _cause(evidence: Evidence) -> _Cause:
 
 
 def _server_down(evidence: Evidence) -> _Cause | None:
-    for state, cause, what in (
-        ("unreachable", "inference_unreachable", "refuses connections (dead?)"),
-        ("unresponsive", "inference_wedged", "accepts connections but does not answer /health"),
-        ("unhealthy", "inference_wedged", "answers /health with an error"),
-    ):
+    for state, cause, one, many in (
+        ("unreachable", "inference_unreachable", "refuses connections (dead?)",
+         "refuse connections (dead?)"),
+        ("unresponsive", "inference_wedged", "accepts connections but does not answer /health",
+         "accept connections but do not answer /health"),
+        ("unhealthy", "inference_wedged", "answers /health with an error",
+         "answer /health with an error"),
+    ):  # fmt: skip
         bad = [s for s in evidence.servers if s.get("state") == state]
         if bad:
-            return _Cause(cause, 0.9, [_server(s) for s in bad],
-                          f"the inference server {_addresses(bad)} {what}")  # fmt: skip
+            servers = f"the inference {noun(bad, 'server')} {_addresses(bad)}"
+            what = one if len(bad) == 1 else many
+            return _Cause(cause, 0.9, [_server(s) for s in bad], f"{servers} {what}")
     return None
 
 
@@ -317,7 +321,8 @@ def _server_paused(evidence: Evidence) -> _Cause | None:
         "inference_paused",
         0.9 if said else 0.7,
         [_server(s) for s in paused],
-        f"the inference server {_addresses(paused)} is paused (generation paused for a weight "
+        f"the inference {noun(paused, 'server')} {_addresses(paused)} {is_are(paused)} paused "
+        "(generation paused for a weight "
         f"update and never resumed?) {held}",
     )
 

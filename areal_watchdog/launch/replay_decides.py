@@ -42,15 +42,19 @@ class Replayed:
     seconds: float
     run_dir: str
     hang: Hang | None
+    groups_of: int | None = None  # the groups came from this step (one that trained)
+    error: str | None = None  # why it never started
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "groups": None if self.groups is None else list(self.groups),
+            "groups_of": self.groups_of,
             "hung": self.hang is not None,
             "hang": self.hang.describe() if self.hang else None,
             "exit_code": self.exit_code,
             "seconds": round(self.seconds, 1),
             "run_dir": self.run_dir,
+            "error": self.error,
         }
 
 
@@ -63,6 +67,8 @@ class ReplayFinding:
     note: str  # for people: what the replays showed
     replays: list[Replayed] = field(default_factory=list)
     quarantined: list[QuarantinedRow] = field(default_factory=list)
+    stop: bool = False  # a resume would hang the same way again: nothing to leave out
+    narrowed: dict[str, Any] | None = None  # what the bisection narrowed, for the record
 
 
 class ReplayHost(Protocol):
@@ -102,37 +108,73 @@ def replay_decides(
         return None
     replays: list[Replayed] = []
 
-    def run(groups: tuple[int, ...] | None) -> Replayed:
+    def run(groups: tuple[int, ...] | None, groups_of: int | None = None) -> Replayed:
         try:
-            replays.append(_replay(host, run_dir, step, groups, out))
+            replays.append(_replay(host, run_dir, step, groups, groups_of, out))
         except UserError as exc:  # a replay that cannot start tells nothing
             _say(out, f"  cannot replay: {exc}")
-            replays.append(Replayed(groups, ExitCode.USAGE, 0.0, "", None))
+            replays.append(Replayed(groups, ExitCode.USAGE, 0.0, "", None, groups_of, str(exc)))
         return replays[-1]
 
     whole = run(None)
-    if whole.hang is None or not whole.hang.like(hang):
+    if whole.hang is None or not whole.hang.within(hang):
         return ReplayFinding(step, False, _unlike(step, whole), replays)
+    said = f"the dumped step {step} hangs the same way when replayed on one node"
+    tokenizer = tokenizer_of(config)
+    if tokenizer is None:
+        return ReplayFinding(step, True, f"{said}: the hang follows the data, but {NO_TOKENIZER}",
+                             replays, stop=True)  # fmt: skip
     try:
         dump_dir, count, floor = _dumped(run_dir, step)
     except (UserError, DumpError, OSError) as exc:
-        said = f"the dumped step {step} hangs the same way, but its batch cannot be read: {exc}"
+        said = f"{said}, but its batch cannot be read: {exc}"
         return ReplayFinding(step, True, said, replays)
     budget = config.watchdog.resume_max_replays - 1  # the whole step's replay was the first
-    found = bisect(tuple(range(count)), lambda g: _same(run(g), hang), budget, floor=floor)
-    said = _bisected(step, found, count)
+
+    def trained() -> bool | None:
+        return _same(run((0,), step - 1), hang)
+
+    found = bisect(tuple(range(count)), lambda g: _same(run(g), hang), budget, floor,
+                   trained if floor < count else None)  # fmt: skip
+    narrowed = _narrowed(found, count)
+    if found.step_keyed:
+        return ReplayFinding(step, True, _step_keyed(said, step, found), replays, stop=True,
+                             narrowed=narrowed)  # fmt: skip
+    said = _bisected(said, step, found, count)
     try:
-        rows = _quarantine(config, run_dir, dump_dir, step, found, hang)
+        rows = _quarantine(config, run_dir, dump_dir, step, found, hang, tokenizer)
     except Exception as exc:  # noqa: BLE001 - a tokenizer fails in many ways; said, not raised
-        return ReplayFinding(step, True, f"{said}; but its rows cannot be named ({exc})", replays)
-    return ReplayFinding(step, True, said, replays, rows)
+        said = f"{said}; but its rows cannot be named: {_first_line(exc)}"
+        return ReplayFinding(step, True, said, replays, stop=True, narrowed=narrowed)
+    return ReplayFinding(step, True, said, replays, rows, narrowed=narrowed)
+
+
+NO_TOKENIZER = (
+    "its rows cannot be named: the config has no tokenizer_path to decode their prompts with "
+    "(docs/recovery.md), so resuming would hang the same way again"
+)
+
+
+def tokenizer_of(config: JobConfig) -> str | None:
+    """The tokenizer that decodes a dumped group's prompt: ``tokenizer_path``, else an AReaL
+    actor's ``path``; None when the config names neither."""
+    actor = config.raw.get("actor") if isinstance(config.raw.get("actor"), dict) else {}
+    path = config.raw.get("tokenizer_path") or actor.get("path")
+    return str(path) if path else None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
 def _replay(
-    host: ReplayHost, run_dir: Path, step: int, groups: tuple[int, ...] | None, out: TextIO
-) -> Replayed:
-    request = ReplayRequest(run_dir, step=step, overrides=QUIET, groups=groups)
+    host: ReplayHost, run_dir: Path, step: int, groups: tuple[int, ...] | None,
+    groups_of: int | None, out: TextIO,
+) -> Replayed:  # fmt: skip
+    request = ReplayRequest(run_dir, step=step, overrides=QUIET, groups=groups,
+                            groups_of=groups_of)  # fmt: skip
     which = "the whole batch" if groups is None else f"groups {format_ranks(groups)}"
+    which += "" if groups_of is None else f" of step {groups_of}, which trained"
     _say(out, f"replaying step {step} ({which}) {host.where}, watched")
     started = time.time()
     code, replay_dir, log = host.run(request)
@@ -143,7 +185,7 @@ def _replay(
     hung = code == ExitCode.HANG_CANCELLED
     incident_id, report = newest_report(RunLayout(Path(replay_dir)), started)
     hang = Hang.from_report(report, incident_id, None) if hung and report else None
-    replayed = Replayed(groups, code, time.time() - started, replay_dir, hang)
+    replayed = Replayed(groups, code, time.time() - started, replay_dir, hang, groups_of)
     shown = f"hung: {hang.describe()}" if hang else f"no hang (exit code {code})"
     _say(out, f"  {shown}, {replayed.seconds:.0f} s: {replay_dir}")
     return replayed
@@ -169,10 +211,11 @@ def _unlike(step: int, whole: Replayed) -> str:
 
 
 def _same(replayed: Replayed, hang: Hang) -> bool | None:
-    """Whether a bisection replay hung as ``hang`` did; None when it failed instead."""
+    """Whether a bisection replay hung as ``hang`` did (``Hang.within``); None when it failed
+    instead."""
     if replayed.hang is None and replayed.exit_code != ExitCode.OK:
         return None
-    return replayed.hang is not None and replayed.hang.like(hang)
+    return replayed.hang is not None and replayed.hang.within(hang)
 
 
 def _dumped(run_dir: Path, step: int) -> tuple[Path, int, int]:
@@ -188,13 +231,12 @@ def _dumped(run_dir: Path, step: int) -> tuple[Path, int, int]:
 
 
 def _quarantine(
-    config: JobConfig, run_dir: Path, dump_dir: Path, step: int, found: Bisection, hang: Hang
-) -> list[QuarantinedRow]:
+    config: JobConfig, run_dir: Path, dump_dir: Path, step: int, found: Bisection, hang: Hang,
+    tokenizer: str,
+) -> list[QuarantinedRow]:  # fmt: skip
     """Name the rows ``found`` in the run's quarantine file, by their prompts."""
     from areal_watchdog.trajectory.prompts import group_prompts  # torch and transformers
 
-    actor = config.raw.get("actor") if isinstance(config.raw.get("actor"), dict) else {}
-    tokenizer = str(config.raw.get("tokenizer_path") or actor.get("path"))
     prompts = group_prompts(dump_dir, step, found.groups, tokenizer)
     incident = str(hang.incident_id)
     rows = [
@@ -204,23 +246,54 @@ def _quarantine(
     return rows
 
 
-def _bisected(step: int, found: Bisection, total: int) -> str:
-    said = (
-        f"the dumped step {step} hangs the same way when replayed on one node: the hang follows "
-        f"the data; "
+def _narrowed(found: Bisection, total: int) -> dict[str, Any]:
+    """What the bisection narrowed, for ``recovery.json`` and the report."""
+    return {
+        "groups": total,
+        "to": list(found.groups),
+        "replays": len(found.trials),
+        "step_keyed": found.step_keyed,
+        "unconfirmed": list(found.unconfirmed),
+        "unchecked": list(found.unchecked),
+    }
+
+
+def _step_keyed(said: str, step: int, found: Bisection) -> str:
+    return (
+        f"{said}, and so did every subset down to one group in {len(found.trials) - 1} "
+        f"bisection replay(s), and a group of step {step - 1}, which trained, fed as step "
+        f"{step}: the hang follows the step (or the code), not the data; nothing is "
+        f"quarantined, and a resume would hang again at step {step}"
     )
+
+
+def _bisected(said: str, step: int, found: Bisection, total: int) -> str:
+    """What the bisection found, for people: never "narrowed" when it did not."""
+    said += ": the hang follows the data; "
     if total > 1 and not found.trials:
         return said + (
             f"step {step - 1} is not dumped to pad smaller replays with, so its {total} groups "
             "are quarantined whole"
         )
-    stop = " (the replay budget ran out first)" if found.budget_spent else ""
+    why = ""
     if found.failed:
-        failed = format_ranks(found.trials[-1].groups)
-        stop = f" (the replay of groups {failed} failed: it tells nothing)"
+        why = f" (the replay of groups {format_ranks(found.trials[-1].groups)} failed: it tells "
+        why += "nothing)"
+    elif found.budget_spent:
+        why = " (the replay budget, watchdog.resume.max_replays, ran out first)"
+    replays = f"{len(found.trials)} bisection replay(s)"
+    if len(found.groups) == total:
+        reason = why or " (no smaller set hangs alone: the hang needs rows of several)"
+        return said + (f"{replays} could not narrow its {total} groups{reason}; all {total} "
+                       "are left out of the resumed run (quarantine.json)")  # fmt: skip
+    notes = [f"groups {format_ranks(found.unconfirmed)} by elimination, never replayed alone"
+             ] if found.unconfirmed else []  # fmt: skip
+    if found.unchecked:
+        notes.append(f"groups {format_ranks(found.unchecked)} never replayed for another")
+    extra = f" ({'; '.join(notes)})" if notes else ""
     return said + (
-        f"{len(found.trials)} bisection replay(s) narrowed its {total} group(s) to group(s) "
-        f"{format_ranks(found.groups)}{stop}, left out of the resumed run (quarantine.json)"
+        f"{replays} narrowed its {total} groups to group(s) {format_ranks(found.groups)}"
+        f"{extra}{why}, left out of the resumed run (quarantine.json)"
     )
 
 

@@ -21,108 +21,29 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from areal_watchdog.common.atomic import read_json, write_json_atomic, write_text_atomic
-from areal_watchdog.common.errors import UserError
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.backend import Backend
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.plan import LaunchPlan
 from areal_watchdog.launch.replay_decides import ReplayFinding, replay_decides
+from areal_watchdog.launch.resume_checks import ENV_ATTEMPT, ENV_LAST_STEP
 from areal_watchdog.launch.resume_policy import Decision, Hang, decide
 from areal_watchdog.launch.slurm.jobs import cluster_nodes
-from areal_watchdog.launch.slurm.replay import NEW_ALLOCATION, SlurmReplayHost
+from areal_watchdog.launch.slurm.replay import SlurmReplayHost
 from areal_watchdog.notify.recovery import send_recovery
 from areal_watchdog.notify.sinks import SinkSpec
 from areal_watchdog.report.build import iso
 from areal_watchdog.rundir.incidents import newest_report
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.trajectory.areal_replay import recover_info_dir, recovered_step
-from areal_watchdog.trajectory.quarantine import ENV_QUARANTINE
+from areal_watchdog.trajectory.quarantine import APPLIED, ENV_QUARANTINE
 
-ENV_ATTEMPT = "AREAL_WATCHDOG_RESUME_ATTEMPT"  # 1 on the first resume, 2 on the next, ...
-ENV_LAST_STEP = "AREAL_WATCHDOG_RESUME_LAST_STEP"  # the last step seen before the hang
 # A hang's record entry as its report's ``recovery`` section shows it (report/schema.json).
 RECOVERY_FIELDS = (
     "attempt", "max_attempts", "decision", "reason", "backoff_s", "relaunched_at", "time_lost_s",
-    "replay", "replays", "rows_skipped", "resumes_after_step", "nodes_excluded", "allocation",
+    "replay", "replays", "narrowed", "rows_skipped", "rows_left_out", "resumes_after_step",
+    "nodes_excluded", "allocation",
 )  # fmt: skip
-AREAL_RECOVER_MODES = ("on", "auto")
-_SLURM_RESUME = {  # where a resume runs on Slurm, by launch mode (or resume.allocation)
-    "torchrun": "in a new allocation (--exclude) without the nodes a transient hang named",
-    "spmd": "in a new allocation (--exclude) without the nodes a transient hang named",
-    "single_controller": "AReaL's jobs submitted again (their scheduling_spec's exclude) "
-    "without the nodes a transient hang named",
-    "same": "as a new step of the same allocation (watchdog.resume.allocation: same), on its "
-    "nodes: a node a hang named is not left out",
-}  # AReaL's modes that load the trial's recover checkpoint
-
-
-def check_resumable(config: JobConfig, backend: str, mode: str, wait: bool = True) -> None:
-    """Refuse, in one line, a resume this release cannot do yet, or one that would start an
-    AReaL job from its first step."""
-    if config.watchdog.on_hang != "resume":
-        return
-    if backend == "ray":
-        raise UserError(
-            f"{config.source}: watchdog.on_hang: resume is not on the ray backend yet; use "
-            "on_hang: cancel (or report) there"
-        )
-    if (
-        backend == "slurm"
-        and mode == "single_controller"
-        and config.watchdog.resume_allocation == "same"
-    ):
-        raise UserError(
-            f"{config.source}: watchdog.resume.allocation: same keeps a Slurm job's allocation, "
-            "but AReaL's single controller submits its own jobs: use allocation: new"
-        )
-    if backend == "slurm" and mode != "single_controller" and not wait:
-        raise UserError(
-            f"{config.source}: watchdog.on_hang: resume on Slurm follows the job from this "
-            "shell: add --wait"
-        )
-    if mode == "torchrun":
-        return
-    recover = config.raw.get("recover") if isinstance(config.raw.get("recover"), dict) else {}
-    if recover.get("mode") not in AREAL_RECOVER_MODES or not (
-        recover.get("freq_steps") or recover.get("freq_epochs")
-    ):
-        raise UserError(
-            f"{config.source}: recover: watchdog.on_hang: resume restarts an AReaL job from its "
-            f"recover checkpoint, which this config never writes (recover.mode "
-            f"{recover.get('mode')!r}, freq_steps {recover.get('freq_steps')!r}): set "
-            "recover.mode: auto and recover.freq_steps: 1"
-        )
-
-
-def resume_notes(config: JobConfig, mode: str, backend: str = "local") -> list[str]:
-    """What ``--dry-run`` says a resume would run."""
-    wd = config.watchdog
-    waits = ", ".join(f"{wd.resume_backoff * 2**n:g} s" for n in range(wd.resume_max_attempts))
-    same = backend == "slurm" and wd.resume_allocation == "same"
-    where = "on this node"
-    if backend == "slurm":
-        where = f"{NEW_ALLOCATION} the hangs did not name"
-    if same:
-        where = "on a node of the job's allocation the hangs did not name (else " + where + ")"
-    slurm_resume = _SLURM_RESUME["same" if same else mode]
-    start = (
-        "AReaL's recover checkpoint of the trial (recover.mode: auto)"
-        if mode != "torchrun"
-        else "the script's own checkpoint"
-    )
-    return [
-        f"on a hang (watchdog.on_hang: resume): the report first, then the job is ended; the "
-        f"hung step, when dumped, is replayed {where} (at most {wd.resume_max_replays} "
-        "replays, bisecting a batch that hangs the same way; its hanging rows go to "
-        "quarantine.json and out of the resumed run);",
-        f"then this plan runs again from {start}, up to {wd.resume_max_attempts} time(s) "
-        f"(after {waits}), with",
-        f"  {ENV_ATTEMPT}=<1, 2, ...>",
-        f"  {ENV_LAST_STEP}=<the last step seen before the hang>",
-        f"  {ENV_QUARANTINE}=<RUN_DIR/quarantine.json, once rows are quarantined>",
-        *([f"  {slurm_resume}"] if backend == "slurm" else []),
-        "  and stops when the same hang comes back at the same step (docs/recovery.md)",
-    ]  # fmt: skip
 
 
 class _Record:
@@ -162,6 +83,8 @@ def _resume_loop(target: Backend, config: JobConfig, plan: LaunchPlan, out: Text
     while True:
         started = time.time()
         code = target.execute(plan, out)
+        if hangs:
+            _left_out(layout, record, plan.run_id)
         if code != ExitCode.HANG_CANCELLED:
             return _ended(code, len(hangs), record, out)
         incident_id, report = _newest_hang(layout, started)
@@ -223,8 +146,8 @@ def _decide(
     if target.name == "slurm":
         host = SlurmReplayHost(config, excluded | _named_nodes(report), target.allocation)
     finding = replay_decides(config, layout.run_dir, hangs[-1], report, out, host)
-    note = finding.note if finding else None
-    return decide(hangs, wd.resume_max_attempts, wd.resume_backoff, note), finding
+    note, stops = (finding.note, finding.stop) if finding else (None, False)
+    return decide(hangs, wd.resume_max_attempts, wd.resume_backoff, note, stops), finding
 
 
 def _tell(
@@ -250,9 +173,26 @@ def _replayed(
     return {
         "replay": finding.note if finding else None,
         "replays": [r.as_dict() for r in finding.replays] if finding else [],
+        "narrowed": finding.narrowed if finding else None,
         "rows_skipped": [{"step": r.step, "group": r.group, "prompt": r.prompt} for r in rows],
+        "rows_left_out": None,  # what the resumed run's filter left out, once it said
         "resumes_after_step": restart,
     }
+
+
+def _left_out(layout: RunLayout, record: _Record, run_id: str) -> None:
+    """What the resumed run's filter said it left out of its data (``quarantine_applied.json``,
+    rank 0), into the record and the report of the hang it resumed after."""
+    applied = read_json(layout.run_dir / APPLIED)
+    if not isinstance(applied, dict) or applied.get("run_id") != run_id:
+        return
+    entry = record.doc["attempts"][-1]
+    entry["rows_left_out"] = applied.get("left_out")
+    entry["left_out_said"] = applied.get("said")
+    record.save()
+    report = read_json(layout.incidents_dir / str(entry.get("incident_id")) / "report.json")
+    if isinstance(report, dict):
+        _note_in_report(layout, report, {k: entry.get(k) for k in RECOVERY_FIELDS})
 
 
 def _named_nodes(report: dict[str, Any] | None) -> set[str]:
@@ -331,29 +271,62 @@ def _note_in_report(layout: RunLayout, report: dict[str, Any], section: dict[str
     with contextlib.suppress(OSError):
         write_json_atomic(directory / "report.json", {**report, "recovery": section})
         markdown = (directory / "report.md").read_text(encoding="utf-8")
+        markdown = markdown.split(f"\n{RECOVERY_HEADING}\n")[0]  # written again: updated
         write_text_atomic(directory / "report.md", f"{markdown}\n{recovery_markdown(section)}")
 
 
+RECOVERY_HEADING = "## Recovery"
+
+
 def recovery_markdown(section: dict[str, Any]) -> str:
-    """The report's "Recovery" paragraph: the decision, the replays, the rows left out."""
+    """The report's "Recovery" paragraph: the decision, the replays, what the bisection
+    narrowed, the rows left out and how many the resumed run's filter removed."""
     lines = [
-        "## Recovery",
+        RECOVERY_HEADING,
         "",
         f"Hang {section['attempt']} (at most {section['max_attempts']} resumes): "
         f"{section['reason']}.",
     ]
     if section.get("replays"):
         lines += ["", "Replays of the hung step, each on one node:", ""]
-        for replay in section["replays"]:
-            fed = "the whole batch" if replay["groups"] is None else f"groups {replay['groups']}"
-            shown = f"hung: {replay['hang']}" if replay["hung"] else "no hang"
-            lines.append(f"- {fed}: {shown} (exit code {replay['exit_code']}, "
-                         f"{replay['seconds']} s), `{replay.get('run_dir')}`")  # fmt: skip
+        lines += [f"- {_replay_line(replay)}" for replay in section["replays"]]
+    narrowed = section.get("narrowed")
+    if narrowed:
+        lines += ["", _narrowed_line(narrowed)]
     if section.get("rows_skipped"):
         lines += ["", "Rows left out of the resumed run (`quarantine.json`):", ""]
         lines += [f"- step {r['step']}, group {r['group']}: `{r['prompt'][:300]!r}`"
                   for r in section["rows_skipped"]]  # fmt: skip
+    if section.get("rows_left_out") is not None:
+        lines += ["", f"The resumed run's filter removed {section['rows_left_out']} row(s) of "
+                      "its training data (`quarantine_applied.json`)."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _replay_line(replay: dict[str, Any]) -> str:
+    """One replay: what it fed and how it ended (one that never started says why)."""
+    fed = "the whole batch" if replay["groups"] is None else f"groups {replay['groups']}"
+    if replay.get("groups_of") is not None:
+        fed += f" of step {replay['groups_of']} (which trained)"
+    if replay.get("error"):
+        return f"{fed}: never started: {replay['error']}"
+    shown = f"hung: {replay['hang']}" if replay["hung"] else "no hang"
+    return (f"{fed}: {shown} (exit code {replay['exit_code']}, {replay['seconds']} s), "
+            f"`{replay.get('run_dir')}`")  # fmt: skip
+
+
+def _narrowed_line(narrowed: dict[str, Any]) -> str:
+    """What the bisection narrowed, in how many replays."""
+    replays, total = narrowed["replays"], narrowed["groups"]
+    if narrowed.get("step_keyed"):
+        return (f"Bisection: {replays} replay(s); every subset hung the same way, and a "
+                "group of the step before too: the hang follows the step, nothing is "
+                "quarantined.")  # fmt: skip
+    found = narrowed["to"]
+    if len(found) == total:
+        return f"Bisection: {replays} replay(s) could not narrow the {total} groups."
+    return (f"Bisection: {replays} replay(s) narrowed the {total} groups to "
+            f"{len(found)}: groups {found}.")  # fmt: skip
 
 
 def _wait(seconds: float, out: TextIO) -> bool:
@@ -388,6 +361,11 @@ def recovery_lines(run_dir: Path) -> list[str]:
             + (f", time lost {entry['time_lost_s']} s" if entry.get("time_lost_s") else "")
             + (f", {len(replays)} replay(s)" if replays else "")
             + (f", {len(rows)} row(s) quarantined" if rows else "")
+            + (
+                f", {entry['rows_left_out']} row(s) removed from the data by the resumed run"
+                if entry.get("rows_left_out") is not None
+                else ""
+            )  # fmt: skip
             + (f", nodes excluded {', '.join(map(str, excluded))}" if excluded else "")
             + (f", allocation {entry['allocation']}" if entry.get("allocation") else "")
         )

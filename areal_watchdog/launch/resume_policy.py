@@ -57,6 +57,16 @@ class Hang:
             return False
         return (self.category, _places(self.sites)) == (other.category, _places(other.sites))
 
+    def within(self, original: Hang) -> bool:
+        """A replay of some of the original's rows hangs the same way: the same category, a
+        culprit waiting in one of the original's functions (two poisoned rows on two ranks
+        name two sites; a replay holding one of them names one)."""
+        if self.like(original):
+            return True
+        if "unknown" in (self.category, original.category) or self.category != original.category:
+            return False
+        return bool(_places(self.sites) & _places(original.sites))
+
     def same_as(self, other: Hang) -> bool:
         """The same hang again: hangs the same way, at the same step."""
         return self.like(other) and self.step == other.step
@@ -91,11 +101,15 @@ class Decision:
 
 
 def decide(
-    hangs: list[Hang], max_attempts: int, backoff: float, replay_note: str | None = None
-) -> Decision:
+    hangs: list[Hang], max_attempts: int, backoff: float, replay_note: str | None = None,
+    replay_stops: bool = False,
+) -> Decision:  # fmt: skip
     """The decision after the newest of ``hangs`` (every hang of this run, oldest first);
-    ``replay_note``: what replaying its step showed (``replay_decides``), None without a dump."""
+    ``replay_note``: what replaying its step showed (``replay_decides``), None without a dump;
+    ``replay_stops``: the replays showed that a resume would hang the same way again."""
     newest, resumes = hangs[-1], len(hangs) - 1
+    if replay_stops and replay_note:
+        return Decision(False, f"{newest.describe()}: {replay_note}")
     if resumes and newest.same_as(hangs[-2]):
         return Decision(
             False,

@@ -20,7 +20,14 @@ from typing import Any
 
 from areal_watchdog.rank.after_import import after_import
 from areal_watchdog.rank.areal_trajectory import TRAINER_MODULE
-from areal_watchdog.trajectory.quarantine import ENV_QUARANTINE, is_quarantined, read_rows
+from areal_watchdog.trajectory.quarantine import (
+    ENV_QUARANTINE,
+    is_quarantined,
+    read_rows,
+    refusal,
+    say_left_out,
+    too_many,
+)
 
 
 def install() -> None:
@@ -54,7 +61,8 @@ def _patch(module: ModuleType, path: Path) -> None:
 
 
 def without_rows(dataset: Any, prompts: list[str], path: Path) -> Any:
-    """``dataset`` less its quarantined rows (the same object when none matched)."""
+    """``dataset`` less its quarantined rows (the same object when none matched, or when the
+    match is refused: more rows than the quarantine can mean)."""
     keep = functools.partial(_keep, prompts=prompts)
     if hasattr(dataset, "filter") and hasattr(dataset, "num_rows"):  # datasets.Dataset
         kept = dataset.filter(keep, keep_in_memory=True)
@@ -69,9 +77,14 @@ def without_rows(dataset: Any, prompts: list[str], path: Path) -> Any:
         )
         return dataset
     if before == after:
-        _say(f"none of the {len(prompts)} quarantined prompt(s) of {path} matched a row")
+        said = f"none of the {len(prompts)} quarantined prompt(s) of {path} matched a row"
+        say_left_out(path, 0, before, said)
         return dataset
-    _say(f"{before - after} row(s) of the training data left out, as {path} lists")
+    if too_many(before - after, len(prompts)):
+        say_left_out(path, 0, before, refusal(before - after, before, len(prompts), path))
+        return dataset
+    say_left_out(path, before - after, before, f"{before - after} row(s) of the training data "
+                 f"left out, as {path} lists")  # fmt: skip
     return kept
 
 

@@ -27,6 +27,7 @@ ENV_REPLAY_VERIFIED = "AREAL_WATCHDOG_REPLAY_VERIFIED"  # checksums already chec
 ENV_REPLAY_GROUPS = "AREAL_WATCHDOG_REPLAY_GROUPS"  # only these groups of the global batch
 ENV_REPLAY_PAD_STEP = "AREAL_WATCHDOG_REPLAY_PAD_STEP"  # a step whose groups pad the few chosen
 ENV_REPLAY_PAD_TO = "AREAL_WATCHDOG_REPLAY_PAD_TO"  # to a multiple of this (the DP size)
+ENV_REPLAY_GROUPS_OF = "AREAL_WATCHDOG_REPLAY_GROUPS_OF"  # the groups come from this step
 _FILE = re.compile(r"^step_(?P<step>\d{6,})(?:_dp_(?P<dp>\d+))?\.pt$")
 
 

@@ -19,6 +19,7 @@ from areal_watchdog.trajectory.format import (
     ENV_CONFIG_HASH,
     ENV_REPLAY_DIR,
     ENV_REPLAY_GROUPS,
+    ENV_REPLAY_GROUPS_OF,
     ENV_REPLAY_PAD_STEP,
     ENV_REPLAY_PAD_TO,
     ENV_REPLAY_STEPS,
@@ -154,6 +155,7 @@ class Replay:
         groups: list[int] | None = None,
         pad_step: int | None = None,
         pad_to: int = 1,
+        groups_of: int | None = None,
     ) -> None:
         self.directory, self.steps = directory, steps
         self.dp_rank, self.dp_size = dp_rank, dp_size
@@ -161,6 +163,7 @@ class Replay:
         self.groups = groups  # a bisection's subset of every step's global batch
         self.pad_step = pad_step  # whose groups (they trained) feed every data-parallel rank
         self.pad_to = pad_to  # AReaL splits a batch evenly: a multiple of the DP size
+        self.groups_of = groups_of  # the groups come from this step's batch (one that trained)
 
     @classmethod
     def from_env(cls, dp_rank: int, dp_size: int) -> Replay | None:
@@ -182,24 +185,28 @@ class Replay:
             if os.environ.get(ENV_REPLAY_PAD_STEP)
             else None,
             pad_to=int(os.environ.get(ENV_REPLAY_PAD_TO) or 1),
+            groups_of=int(os.environ[ENV_REPLAY_GROUPS_OF])
+            if os.environ.get(ENV_REPLAY_GROUPS_OF)
+            else None,
         )
 
     def batches(self) -> Iterator[tuple[int, Batch]]:
-        """(step, this rank's groups) for every replayed step, in order; fetching a step tells
-        the watchdog that the one before it completed."""
-        completed = None
+        """(step, this rank's groups) for every replayed step, in order. Fetching a step tells
+        the watchdog that the one before it completed, the first one too (the replay starts
+        from the weights after it): a replayed step that hangs is judged by the stall
+        threshold, as in the original run, not by the start-up one."""
         for step in self.steps:
+            fed = step if self.groups_of is None else self.groups_of
             groups = load_global_batch(
                 self.directory,
-                step,
+                fed,
                 config_hash=self.config_hash,
                 unsafe=self.unsafe,
                 checksum=self.checksum,
             )
             if self.groups is not None:
-                groups = self._padded(select_groups(groups, self.groups, step))
-            heartbeat(completed)
-            completed = step
+                groups = self._padded(select_groups(groups, self.groups, fed))
+            heartbeat(step - 1 if step > 0 else None)
             yield step, split_for_rank(groups, self.dp_rank, self.dp_size)
 
     def _padded(self, chosen: Batch) -> Batch:

@@ -29,6 +29,7 @@ from areal_watchdog.trajectory.format import (
     ENV_CONFIG_HASH,
     ENV_REPLAY_DIR,
     ENV_REPLAY_GROUPS,
+    ENV_REPLAY_GROUPS_OF,
     ENV_REPLAY_PAD_STEP,
     ENV_REPLAY_PAD_TO,
     ENV_REPLAY_SOURCE,
@@ -56,6 +57,7 @@ class ReplayRequest:
     allow_config_change: bool = False
     overrides: tuple[str, ...] = ()
     groups: tuple[int, ...] | None = None  # only these groups of the step's global batch
+    groups_of: int | None = None  # ... of this step's batch instead (one that trained)
 
 
 def incident_time(layout: RunLayout) -> float | None:
@@ -167,8 +169,9 @@ def plan_replay_config(request: ReplayRequest) -> ReplayConfig:
             manifests.append(read_manifest(path) or {})
     recorded_dp = max(int(m.get("dp_size") or 1) for m in manifests)
     if request.groups is not None:
-        _check_groups(request.groups, steps, sum(int(m.get("groups") or 0) for m in manifests))
-    trial = _new_trial(original, steps, request.groups)
+        fed = _fed_manifests(request, steps, available, manifests)
+        _check_groups(request, steps, sum(int(m.get("groups") or 0) for m in fed))
+    trial = _new_trial(original, steps, request.groups, request.groups_of)
     env = {
         ENV_REPLAY_DIR: str(dump_dir),
         ENV_REPLAY_STEPS: ",".join(map(str, steps)),
@@ -179,6 +182,8 @@ def plan_replay_config(request: ReplayRequest) -> ReplayConfig:
         env[ENV_REPLAY_UNSAFE] = "1"
     if request.groups is not None:
         env[ENV_REPLAY_GROUPS] = ",".join(map(str, sorted(set(request.groups))))
+        if request.groups_of is not None:
+            env[ENV_REPLAY_GROUPS_OF] = str(request.groups_of)
         if steps[0] - 1 in available:
             env[ENV_REPLAY_PAD_STEP] = str(steps[0] - 1)
             env[ENV_REPLAY_PAD_TO] = str(_data_parallel(original, request.nproc, recorded_dp))
@@ -258,22 +263,45 @@ def _data_parallel(original: JobConfig, nproc: int | None, recorded_dp: int) -> 
     return nproc or (allocation.dp if allocation is not None else recorded_dp)
 
 
-def _check_groups(groups: tuple[int, ...], steps: list[int], recorded: int) -> None:
+def _fed_manifests(
+    request: ReplayRequest, steps: list[int], available: dict[int, list[Path]],
+    manifests: list[dict],
+) -> list[dict]:  # fmt: skip
+    """The manifests of the step whose groups a ``--groups`` replay feeds: the replayed step's,
+    or ``--groups-of``'s (a step dumped, which trained)."""
+    if request.groups_of is None:
+        return manifests
+    if request.groups_of not in available:
+        listing = format_ranks(sorted(available)) or "none"
+        raise UserError(
+            f"--groups-of {request.groups_of}: not in the dump (complete steps: {listing})"
+        )
+    return [read_manifest(path) or {} for path in available[request.groups_of]]
+
+
+def _check_groups(request: ReplayRequest, steps: list[int], recorded: int) -> None:
     """``--groups`` picks rows of one step's batch, each of them in it."""
+    groups = request.groups or ()
     if len(steps) != 1:
         raise UserError("--groups picks groups of one step: give --step N, not a range")
     beyond = sorted(g for g in set(groups) if not 0 <= g < recorded)
     if not groups or beyond:
+        source = steps[0] if request.groups_of is None else request.groups_of
         raise UserError(
-            f"--groups: step {steps[0]} holds groups 0-{recorded - 1}, not "
+            f"--groups: step {source} holds groups 0-{recorded - 1}, not "
             f"{format_ranks(beyond) or 'none'}"
         )
 
 
-def _new_trial(config: JobConfig, steps: list[int], groups: tuple[int, ...] | None) -> str:
+def _new_trial(
+    config: JobConfig, steps: list[int], groups: tuple[int, ...] | None, groups_of: int | None
+) -> str:
+    """``<trial>_replay<N>[_g<groups>[of<M>]]``, with no '-' (AReaL's rule for trial names:
+    ``0,2-3`` reads ``0_2to3``) and no ',' (Hydra reads one as a sweep)."""
     span = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}to{steps[-1]}"
-    if groups is not None:  # no comma: Hydra reads one as a sweep
-        span += "_g" + format_ranks(groups).replace(", ", "_")
+    if groups is not None:
+        span += "_g" + format_ranks(groups).replace(", ", "_").replace("-", "to")
+        span += "" if groups_of is None else f"of{groups_of}"
     base = f"{config.trial_name}_replay{span}"
     trial, counter = base, 2
     while (Path(config.fileroot) / config.experiment_name / trial).exists():

@@ -64,7 +64,8 @@ class ProgressWatch:
         elif self.reported.silence:
             self.say(f"progress resumed at step {self.clock.last_step}")
         elif self.clock.first_step_at == now:
-            self.say(f"first step seen: step {self.clock.last_step}")
+            later = f", then step {progress[-1]}" if len(progress) > 1 else ""
+            self.say(f"first step seen: step {progress[0]}{later}")  # the first, not the newest
         else:
             self.say("steps progressing")
         self.reported = progressed(self.reported)

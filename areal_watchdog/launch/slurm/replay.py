@@ -52,6 +52,8 @@ class SlurmReplayHost:
                   str(Path(request.run_dir).resolve()), "--step", str(request.step)]  # fmt: skip
         if request.groups is not None:
             replay += ["--groups", format_ranks(request.groups)]
+        if request.groups_of is not None:
+            replay += ["--groups-of", str(request.groups_of)]
         return [*srun, *container_prefix(slurm_options), *replay, *request.overrides]
 
     def _in_allocation(self) -> list[str]:
