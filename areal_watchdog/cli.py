@@ -8,6 +8,7 @@
     areal-launch replay RUN_DIR [--step N | --from N --to M] [--nproc K] [--dry-run]
     areal-launch notify-test CONFIG [key=value ...]
     areal-launch diagnose PATH [--json]
+    areal-launch doctor [CONFIG] [key=value ...] [--slurm]
 
 Exit codes: 0 completed (after resumes too), 1 the job failed, 2 bad usage or configuration,
 3 a hang was detected and the job cancelled (``watchdog.on_hang: cancel``, or ``resume`` gave
@@ -34,6 +35,8 @@ from areal_watchdog.config.model import JobConfig
 from areal_watchdog.config.preflight import preflight
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.diagnose.render import verdict_dict, verdict_text
+from areal_watchdog.doctor.command import cmd_doctor
+from areal_watchdog.doctor.hint import with_doctor_hint
 from areal_watchdog.evidence import offline
 from areal_watchdog.launch.backend import backend
 from areal_watchdog.launch.exit_codes import ExitCode
@@ -50,7 +53,17 @@ from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.rundir.secure import check_run_dir, private_dir_problem
 from areal_watchdog.trajectory.replay_plan import ReplayRequest, plan_replay_config
 
-COMMANDS = ("local", "slurm", "ray", "status", "cancel", "replay", "notify-test", "diagnose")
+COMMANDS = (
+    "local",
+    "slurm",
+    "ray",
+    "status",
+    "cancel",
+    "replay",
+    "notify-test",
+    "diagnose",
+    "doctor",
+)
 
 
 def _launch_parser(backend: str) -> argparse.ArgumentParser:
@@ -147,7 +160,7 @@ def cmd_launch(name: str, argv: list[str], watchdog: bool) -> int:
             print(f"[areal-launch] warning: {warning}", file=sys.stderr)
         plan = replace(plan, notes=[*plan.notes, *resume_notes(config, plan.mode, name)])
     if args.dry_run:
-        print(plan.render())
+        print(with_doctor_hint(plan, config, enabled).render())
         return 0
     if enabled:
         check_sinks(config)
@@ -341,6 +354,7 @@ HANDLERS: dict[str, Callable[[list[str], bool], int]] = {
     "replay": cmd_replay,
     "notify-test": cmd_notify_test,
     "diagnose": cmd_diagnose,
+    "doctor": cmd_doctor,
 }
 
 

@@ -179,9 +179,20 @@ class Fleet:
         return json.loads(path.read_text())
 
 
+TRACEFS = Path("/sys/kernel/tracing")
+
+
+def _mount_tracefs() -> None:
+    """bpftrace finds no ``syscalls:*`` tracepoint until tracefs is mounted, which a fresh
+    machine may not have done (root only; a failure shows in bpftrace's own error)."""
+    if not (TRACEFS / "events").is_dir() and os.geteuid() == 0:
+        subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACEFS)], capture_output=True)
+
+
 def _counter(run_dir: Path, out: Path) -> subprocess.Popen:
     """bpftrace printing ``NSECS PID PARENT CALL PATH`` for each operation on ``run_dir``,
     attached before this returns."""
+    _mount_tracefs()
     prefix = str(run_dir)
     program = "\n".join(
         f"tracepoint:syscalls:sys_enter_{call} "

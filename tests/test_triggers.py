@@ -153,3 +153,11 @@ def test_a_process_polling_in_a_wait_has_not_moved_until_it_leaves_it() -> None:
     del trainer[: next(i for i, f in enumerate(trainer) if f.name == "PPOTrainer.train")]
     trainer.insert(0, Frame("FSDPEngine.train_batch", trainer[0].filename, 700))
     assert moved(marks(first, 1), marks(second, 1)) == [f"the stacks of pid {pid} changed"]
+
+
+def test_after_a_failure_was_reported_no_stall_is_suspected() -> None:
+    """A job that failed (reported once) and whose processes linger is not "stall suspected"
+    (a Ray run said so after its job had failed)."""
+    lingering = replace(HEALTHY, silent_for=7.0)
+    assert Say.SUSPECTED in triggers(lingering)
+    assert Say.SUSPECTED not in triggers(lingering, Reported(failure=True))
