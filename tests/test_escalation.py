@@ -16,6 +16,7 @@ from areal_watchdog.config.model import WatchdogSection
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.evidence.model import Evidence
 from areal_watchdog.launch.slurm.status import status_lines
+from areal_watchdog.report.write import prune_oldest
 from areal_watchdog.watch.escalation import Escalation, StallCase, summary_prefix
 from areal_watchdog.watch.incident import _Look
 from areal_watchdog.watch.progress import StallClock
@@ -218,3 +219,22 @@ def test_status_says_which_looks_were_only_written(tmp_path: Path) -> None:
     lines = status_lines(tmp_path, 0.0)
     assert lines[-2].endswith("(suspected, not confirmed: only time tells; not posted)")
     assert lines[-1].endswith("(confirmed by the hard limit)")
+
+
+def test_only_the_newest_suspected_looks_are_kept(tmp_path: Path) -> None:
+    """A job that is slow at every step writes a suspected look each time: the oldest go, a
+    link planted among them is never followed."""
+    suspected = tmp_path / "suspected"
+    for n in range(5):
+        (suspected / f"20261126T00000{n}Z-unknown-aaaa").mkdir(parents=True)
+        (suspected / f"20261126T00000{n}Z-unknown-aaaa" / "report.json").write_text("{}")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "report.json").write_text("{}")
+    (suspected / "00000000T000000Z-link").symlink_to(outside)
+    removed = prune_oldest(suspected, 2)
+    assert [p.name[:15] for p in removed] == [f"20261126T00000{n}" for n in range(3)]
+    assert sorted(p.name[:15] for p in suspected.iterdir() if not p.is_symlink()) == [
+        "20261126T000003", "20261126T000004"
+    ]  # fmt: skip
+    assert (outside / "report.json").exists()

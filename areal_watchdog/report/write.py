@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,22 @@ def write_incident(
     write_text_atomic(incident_dir / "report.md", render_markdown(report), mode=file_mode)
     write_json_atomic(incident_dir / "report.json", report, fsync=True, mode=file_mode)
     return incident_dir
+
+
+def prune_oldest(folder: Path, keep: int) -> list[Path]:
+    """Remove all but the newest ``keep`` report folders of ``folder`` (their names start with
+    their time, so they sort by it): a job that is slow at every step writes a suspected look
+    each time, and they must not fill the disk. Only real folders that hold a report go, never
+    through a link. Returns what was removed."""
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return []
+    looks = [p for p in entries if not p.is_symlink() and (p / "report.json").is_file()]
+    removed = looks[: max(0, len(looks) - keep)]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
 
 
 def _process_files(

@@ -32,7 +32,7 @@ from areal_watchdog.launch.slurm.jobs import job_steps
 from areal_watchdog.notify.notifier import Notifier
 from areal_watchdog.report.bound import split_ranks
 from areal_watchdog.report.build import IncidentContext, build_report, new_incident_id
-from areal_watchdog.report.write import write_incident
+from areal_watchdog.report.write import prune_oldest, write_incident
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_CANCEL_FD, INCIDENTS, SUSPECTED
 from areal_watchdog.trajectory.format import complete_steps
@@ -44,6 +44,7 @@ from areal_watchdog.watch.triggers import SILENCES, Trigger
 
 FLIGHT_RECORDER_TIMEOUT = 2.0  # seconds to wait for the ranks' Flight Recorder dumps
 ROLLOUT_TIMEOUT = 2.0  # seconds to wait for asyncio task dumps and server probes
+SUSPECTED_KEPT = 20  # the newest looks kept under suspected/ (a job slow at every step writes many)
 HANG_TRIGGERS = (Trigger.STALL, Trigger.GPU_IDLE, Trigger.RANK_EXITED, Trigger.NODE_SILENT)
 ENDS_JOB = ("cancel", "resume")  # the on_hang actions that end the job (resume: the launcher
 # then starts it again)
@@ -251,6 +252,8 @@ class Incidents(Escalation):
             self.pending.pop(0)
             posted = item.folder == INCIDENTS
             (self.written if posted else self.suspected).append(path)
+            if not posted:
+                prune_oldest(path.parent, SUSPECTED_KEPT)
             report = item.report
             culprits = culprits_phrase(report["culprit_ranks"], report["culprit_workers"])
             what = "report written" if posted else "suspected look written (not posted)"
