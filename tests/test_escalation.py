@@ -17,8 +17,7 @@ from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.evidence.model import Evidence
 from areal_watchdog.launch.slurm.status import status_lines
 from areal_watchdog.report.write import prune_oldest
-from areal_watchdog.watch.escalation import Escalation, StallCase, summary_prefix
-from areal_watchdog.watch.incident import _Look
+from areal_watchdog.watch.escalation import Escalation, Look, StallCase, summary_prefix
 from areal_watchdog.watch.progress import StallClock
 from areal_watchdog.watch.second_look import marks, moved
 from areal_watchdog.watch.triggers import Trigger
@@ -56,12 +55,12 @@ class Desk(Escalation):
     def confirm_delay(self) -> float:
         return 10.0
 
-    def look(self, trigger: Trigger, lost: tuple[str, ...], statuses: dict) -> _Look:
+    def look(self, trigger: Trigger, lost: tuple[str, ...], statuses: dict) -> Look:
         evidence = self.evidence.pop(0) if len(self.evidence) > 1 else self.evidence[0]
         step = self.clock.last_step
-        return _Look(evidence, classify(evidence), {}, step, self.now, 0.0, THRESHOLD)
+        return Look(evidence, classify(evidence), {}, step, self.now, 0.0, THRESHOLD)
 
-    def report(self, trigger: Trigger, look: _Look, action: str, confirmation=None, post=True):
+    def report(self, trigger: Trigger, look: Look, action: str, confirmation=None, post=True):
         self.reports.append(
             {"category": look.verdict.category, "cause": look.verdict.cause, "action": action,
              "posted": post, "confirmation": confirmation, "at": look.at}

@@ -28,6 +28,7 @@ from typing import Any
 
 from areal_watchdog.common.rankset import culprits_phrase
 from areal_watchdog.diagnose.verdict import Verdict
+from areal_watchdog.evidence.model import Evidence
 from areal_watchdog.watch.second_look import RETRY_LOOPS, marks, moved
 from areal_watchdog.watch.triggers import Trigger
 
@@ -52,6 +53,20 @@ def verdict_key(verdict: Verdict) -> tuple[Any, ...]:
 
 
 @dataclass
+class Look:
+    """One look at the job: the evidence, the verdict, what it cost, and the job as it stood
+    then (a report describes its look, not the moment it is written)."""
+
+    evidence: Evidence
+    verdict: Verdict
+    timings: dict[str, float]
+    step: int | None
+    at: float  # when the look began
+    progress_at: float | None  # the last progress then (None: no step seen yet)
+    threshold: float  # the stall threshold in force then
+
+
+@dataclass
 class StallCase:
     """One silence, followed until a new step ends it."""
 
@@ -60,8 +75,8 @@ class StallCase:
     lost: tuple[str, ...]
     action: str  # the on_hang action it may run
     looks: int = 0
-    last: Any = None  # the latest look (``incident._Look``)
-    pending: Any = None  # a first look waiting for its second
+    last: Look | None = None  # the latest look
+    pending: Look | None = None  # a first look waiting for its second
     due: float = 0.0  # when the second look is due
     next_look: float | None = None  # when to look again, after a dismissed or suspected look
     written: tuple[Any, ...] | None = None  # the verdict of the last look written
@@ -78,7 +93,7 @@ class Escalation:
             return configured
         return CANCEL_AFTER_FACTOR * max(self.clock.threshold, self.clock.max_interval)
 
-    def judge(self, look: Any) -> None:
+    def judge(self, look: Look) -> None:
         """A first look at the silence: act, wait for a second look, or wait for time (each
         counted from when the look began)."""
         case = self.case
@@ -147,7 +162,7 @@ class Escalation:
         self.conclude(look, "hard_limit", look.at - before.at, what)
 
     def suspect(
-        self, look: Any, what: list[str], now: float, line: str, after: float = 0.0
+        self, look: Look, what: list[str], now: float, line: str, after: float = 0.0
     ) -> None:
         """A look that does not end the job: written once per finding, never posted; the next
         look a threshold after ``now``."""
@@ -167,7 +182,7 @@ class Escalation:
         confirmation = self.confirmation(case, after, what, confirmed=False, by=None)
         self.report(case.trigger, look, "report", confirmation, post=False)
 
-    def conclude(self, look: Any, by: str, after: float, what: list[str]) -> None:
+    def conclude(self, look: Look, by: str, after: float, what: list[str]) -> None:
         """The silence is a hang: report (posted) and run ``on_hang``."""
         case, self.case = self.case, None
         confirmation = self.confirmation(case, after, what, confirmed=True, by=by)

@@ -25,7 +25,6 @@ from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.rankset import culprits_phrase
 from areal_watchdog.common.redact import SECRET_NAME, Redactor
 from areal_watchdog.diagnose.classify import classify, ended_cleanly
-from areal_watchdog.diagnose.verdict import Verdict
 from areal_watchdog.evidence.gather import GatherSettings
 from areal_watchdog.evidence.model import MISSING, Evidence, RankEvidence, plain
 from areal_watchdog.launch.slurm.jobs import job_steps
@@ -37,7 +36,7 @@ from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_CANCEL_FD, INCIDENTS, SUSPECTED
 from areal_watchdog.trajectory.format import complete_steps
 from areal_watchdog.watch.coordination import ENDED_STATES, Coordinator
-from areal_watchdog.watch.escalation import Escalation, StallCase, summary_prefix
+from areal_watchdog.watch.escalation import Escalation, Look, StallCase, summary_prefix
 from areal_watchdog.watch.node import NodeWatch
 from areal_watchdog.watch.progress import StallClock
 from areal_watchdog.watch.triggers import SILENCES, Trigger
@@ -117,20 +116,6 @@ def _with_owners(servers: list[dict[str, Any]], workers: list[RankEvidence]) -> 
 
 
 @dataclass
-class _Look:
-    """One look at the job: the evidence, the verdict, what it cost, and the job as it stood
-    then (a report describes its look, not the moment it is written)."""
-
-    evidence: Evidence
-    verdict: Verdict
-    timings: dict[str, float]
-    step: int | None
-    at: float  # when the look began
-    progress_at: float | None  # the last progress then (None: no step seen yet)
-    threshold: float  # the stall threshold in force then
-
-
-@dataclass
 class _Unwritten:
     """An incident waiting for disk space: its report and evidence."""
 
@@ -190,7 +175,7 @@ class Incidents(Escalation):
             return configured
         return min(10.0, max(2.0, self.clock.threshold / 2))
 
-    def look(self, trigger: Trigger, lost: tuple[str, ...], statuses: dict) -> _Look:
+    def look(self, trigger: Trigger, lost: tuple[str, ...], statuses: dict) -> Look:
         """Evidence from every node, and the verdict on it."""
         at, started = time.time(), time.perf_counter()
         evidence, fr_seconds = self.gather(trigger, list(lost), statuses)
@@ -203,14 +188,14 @@ class Incidents(Escalation):
             "classify_s": round(time.perf_counter() - gathered, 4),
         }
         progress_at = self.clock.last_progress_at if self.clock.first_step_at else None
-        return _Look(
+        return Look(
             evidence, verdict, timings, self.clock.last_step, at, progress_at, self.clock.threshold
         )
 
     def report(
         self,
         trigger: Trigger,
-        look: _Look,
+        look: Look,
         action: str,
         confirmation: dict[str, Any] | None = None,
         post: bool = True,
@@ -321,7 +306,7 @@ class Incidents(Escalation):
             if r not in have
         ]
 
-    def context(self, trigger: Trigger, look: _Look, action: str) -> IncidentContext:
+    def context(self, trigger: Trigger, look: Look, action: str) -> IncidentContext:
         return IncidentContext(
             backend=self.info.backend,
             run_id=self.info.run_id,
