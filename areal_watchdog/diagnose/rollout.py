@@ -496,7 +496,7 @@ def _first(process: RankEvidence, test: Any) -> Frame | None:
 
 def _server(server: dict[str, Any]) -> dict[str, Any]:
     return {
-        "role": "inference_server",
+        "role": SERVER,
         "address": server.get("address"),
         "state": server.get("state"),
         "node": server.get("node"),

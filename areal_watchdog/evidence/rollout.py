@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from areal_watchdog.evidence.servers import probe_all
+from areal_watchdog.evidence.servers import probe_all, serves_inference
 from areal_watchdog.evidence.tasks import collect
 from areal_watchdog.rundir.layout import RunLayout
 
@@ -53,15 +53,3 @@ def gather_rollout(
     }
     probes += [p for p in probe_all(sorted(awaited), min(2.0, timeout)) if serves_inference(p)]
     return dumps, probes
-
-
-# What every probe holds; anything more came from an engine's own endpoints (servers.probe).
-PROBE_BASICS = frozenset({"address", "time", "health_s", "health_status", "state", "error"})
-
-
-def serves_inference(probe: dict[str, Any]) -> bool:
-    """An address a task awaits is an inference server when its probe learned something only an
-    engine answers (SGLang's ``/get_server_info``, SGLang's or vLLM's ``/metrics``), or when it
-    did not answer at all: a dead server cannot say what it was. Anything else that answers
-    ``/health`` (an AReaL worker's RPC server) is not one."""
-    return probe.get("health_status") is None or bool(set(probe) - PROBE_BASICS)

@@ -63,6 +63,18 @@ def probe(address: str, timeout: float = 2.0) -> dict[str, Any]:
     return result
 
 
+# What every probe holds; anything more came from an engine's own endpoints (servers.probe).
+PROBE_BASICS = frozenset({"address", "time", "health_s", "health_status", "state", "error"})
+
+
+def serves_inference(probe: dict[str, Any]) -> bool:
+    """An address a task awaits is an inference server when its probe learned something only an
+    engine answers (SGLang's ``/get_server_info``, SGLang's or vLLM's ``/metrics``), or when it
+    did not answer at all: a dead server cannot say what it was. Anything else that answers
+    ``/health`` (an AReaL worker's RPC server) is not one."""
+    return probe.get("health_status") is None or bool(set(probe) - PROBE_BASICS)
+
+
 def _server_info(address: str, timeout: float) -> dict[str, Any]:
     status, body, _ = _get(address, "/get_server_info", timeout)
     if status != 200:

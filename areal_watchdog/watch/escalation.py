@@ -93,6 +93,14 @@ class Escalation:
             return configured
         return CANCEL_AFTER_FACTOR * max(self.clock.threshold, self.clock.max_interval)
 
+    def confirm_delay(self) -> float:
+        """Seconds between the two looks: ``watchdog.confirm_after``, or by default half the
+        stall threshold, between 2 and 10 s."""
+        configured = self.info.watchdog.confirm_after
+        if configured is not None:
+            return configured
+        return min(10.0, max(2.0, self.clock.threshold / 2))
+
     def judge(self, look: Look) -> None:
         """A first look at the silence: act, wait for a second look, or wait for time (each
         counted from when the look began)."""
@@ -122,7 +130,8 @@ class Escalation:
         if case.pending is not None and now >= case.due:
             self.second_look(statuses, now)
         elif self.clock.last_step != case.step:
-            self.case = None if case.pending is None else case
+            if case.pending is None:  # the step ended the silence
+                self.case = None
         elif self.clock.silent_for(now) >= self.cancel_after():
             self.hard_limit(statuses, now)
         elif case.pending is None and case.next_look is not None and now >= case.next_look:

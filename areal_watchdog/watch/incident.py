@@ -167,14 +167,6 @@ class Incidents(Escalation):
         self.case = StallCase(trigger, look.step, lost, action)
         self.judge(look)
 
-    def confirm_delay(self) -> float:
-        """Seconds between the two looks: ``watchdog.confirm_after``, or by default half the
-        stall threshold, between 2 and 10 s."""
-        configured = self.info.watchdog.confirm_after
-        if configured is not None:
-            return configured
-        return min(10.0, max(2.0, self.clock.threshold / 2))
-
     def look(self, trigger: Trigger, lost: tuple[str, ...], statuses: dict) -> Look:
         """Evidence from every node, and the verdict on it."""
         at, started = time.time(), time.perf_counter()
