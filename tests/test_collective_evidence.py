@@ -22,6 +22,7 @@ from areal_watchdog.rundir.layout import RunLayout
 from conftest import REPO, Launcher
 
 SCENARIOS = REPO / "examples" / "collective_hangs" / "config.yaml"
+DATA = Path(__file__).parent / "data" / "evidence"
 FAST = ["experiment_name=hang-demo", "watchdog.stall_timeout=3", "watchdog.poll_interval=0.25"]
 
 
@@ -293,3 +294,18 @@ def test_a_two_rank_split_is_a_tie_without_history_and_decided_with_it() -> None
 
     category, culprits, summary = verdict_of({0: history("broadcast"), 1: history("barrier")})
     assert (category, culprits) == ("collective_mismatch", [0]) and "tie" not in summary
+
+
+def test_a_trace_that_came_too_late_is_named_beside_the_agreement() -> None:
+    """The stacks name rank 0 (spinning in the model while rank 1 waits in all_gather); when
+    rank 0's trace did not arrive, the report says whose record is missing, not only that the
+    record names no rank."""
+    data = json.loads((DATA / "straggler_w2_r0--areal2-fsdp2-all-gather.json").read_text())
+    whole = classify(Evidence.from_dict(data))
+    assert whole.collectives["agreement"].startswith("the stacks and the collective record")
+    del data["flight_records"]["0"]
+    partial = classify(Evidence.from_dict(data))
+    assert partial.culprit_ranks == [0]
+    assert partial.collectives["agreement"] == (
+        "the collective record names no rank (rank 0 sent no trace in time)"
+    )

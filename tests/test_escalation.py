@@ -237,3 +237,21 @@ def test_only_the_newest_suspected_looks_are_kept(tmp_path: Path) -> None:
         "20261126T000003", "20261126T000004"
     ]  # fmt: skip
     assert (outside / "report.json").exists()
+
+
+def test_a_look_that_fell_back_to_faulthandler_sees_the_same_place() -> None:
+    """Under load py-spy may fail one look and the rank's faulthandler answer it: faulthandler
+    names ``sync_metrics`` where py-spy names ``Trainer.sync_metrics``. The ranks are where they
+    were (the CI's collective_mismatch runs were not cancelled because of this)."""
+    first = recorded("evidence/collective_mismatch_w3_r0.json")
+    second = copy.deepcopy(first)
+    for rank in second.ranks:
+        rank.evidence_method = "faulthandler"
+        for thread in rank.threads:
+            thread.active = thread.owns_gil = thread.thread_id = None
+            thread.name = "MainThread" if thread is rank.main_thread() else None
+            for frame in thread.frames:
+                frame.name = frame.name.rsplit(".", 1)[-1]
+    assert any("." in f.name for r in first.ranks for f in r.main_thread().frames)
+    assert moved(marks(first, 3), marks(second, 3)) == []
+    assert moved(marks(first, 3), marks(moving(second), 3)) != []

@@ -134,6 +134,8 @@ def _weigh_collectives(verdict: Verdict, evidence: Evidence) -> None:
         agreement = (
             "the collective record names no rank" if not named else "the stacks named no rank"
         )
+        if not named and record.ranks_without_trace:
+            agreement += f" ({ranks_phrase(record.ranks_without_trace)} sent no trace in time)"
     elif set(named) == set(before[1]):
         agreement = "the stacks and the collective record name the same ranks"
     else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +25,14 @@ from areal_watchdog.evidence.model import (
     UNRESPONSIVE,
     ExitInfo,
     RankEvidence,
+    ThreadStack,
 )
 from areal_watchdog.evidence.pyspy import StackError, dump_pyspy
 from areal_watchdog.rundir.layout import RunLayout
 
 BUSY_CPU = 0.1  # cores busy over the last poll interval above which a rank counts as running
 LOG_TAIL_LINES = 40
+PYSPY_RETRY_DELAY = 0.2  # seconds before py-spy's second try
 
 
 @dataclass(frozen=True)
@@ -119,11 +122,9 @@ def _stack_for(
         evidence.process_status = process.status()
         evidence.cwd = process.cwd()  # the user's files are shown relative to it
     if settings.method in ("auto", "py-spy"):
-        try:
-            evidence.threads = dump_pyspy(proc.pid, settings.timeout)
+        evidence.threads = _pyspy_stacks(proc.pid, settings.timeout, errors)
+        if evidence.threads:
             evidence.evidence_method = "py-spy"
-        except StackError as exc:
-            errors.append(str(exc))
     if not evidence.threads and settings.method in ("auto", "faulthandler"):
         if proc.cooperative_signal:
             try:
@@ -140,10 +141,27 @@ def _stack_for(
         evidence.exit = exit_info(layout, proc, "")
     elif evidence.threads:
         evidence.state = RUNNING if cpu is not None and cpu >= BUSY_CPU else BLOCKED
+        if errors and evidence.evidence_method == "faulthandler":
+            evidence.error = f"{'; '.join(errors)}; the stacks are the rank's own faulthandler's"
     else:
         evidence.state = UNRESPONSIVE
         evidence.error = "; ".join(errors)
     return evidence
+
+
+def _pyspy_stacks(pid: int, timeout: float, errors: list[str]) -> list[ThreadStack]:
+    """py-spy's stacks, asked twice: under load a dump sometimes fails reading memory the
+    process is changing (a second try a moment later answers). A refusal or a timeout is not
+    retried: it would fail or wait the same way again."""
+    for attempt in range(2):
+        try:
+            return dump_pyspy(pid, timeout)
+        except StackError as exc:
+            if exc.permission or attempt or "did not answer" in str(exc):
+                errors.append(str(exc))
+                return []
+            time.sleep(PYSPY_RETRY_DELAY)
+    return []
 
 
 def stack_file(layout: RunLayout, proc: JobProcess) -> Path:

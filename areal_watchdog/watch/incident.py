@@ -41,7 +41,9 @@ from areal_watchdog.watch.node import NodeWatch
 from areal_watchdog.watch.progress import StallClock
 from areal_watchdog.watch.triggers import SILENCES, Trigger
 
-FLIGHT_RECORDER_TIMEOUT = 2.0  # seconds to wait for the ranks' Flight Recorder dumps
+# Seconds to wait for the ranks' Flight Recorder dumps: a rank spinning in Python lends its
+# listener the GIL in 5 ms slices, and under load (AReaL's FSDP on 2 cores) 2 s was too short.
+FLIGHT_RECORDER_TIMEOUT = 5.0
 ROLLOUT_TIMEOUT = 2.0  # seconds to wait for asyncio task dumps and server probes
 SUSPECTED_KEPT = 20  # the newest looks kept under suspected/ (a job slow at every step writes many)
 HANG_TRIGGERS = (Trigger.STALL, Trigger.GPU_IDLE, Trigger.RANK_EXITED, Trigger.NODE_SILENT)

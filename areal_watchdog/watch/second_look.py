@@ -5,8 +5,9 @@ saturated by other clients) looks like a hang at the first look. Before ``on_han
 the job, the leader looks again a few seconds later and compares:
 
 - a new step (the progress clock moved);
-- a process whose working thread is in another function (function names only: a rank that
-  spins in one loop is sampled at different lines of it, and has not moved), above the
+- a process whose working thread is in another function (bare function names only: a rank that
+  spins in one loop is sampled at different lines of it, and a look that fell back from py-spy
+  (``Trainer.step``) to faulthandler (``step``) sees the same place; neither moved), above the
   outermost wait it is in: a process polling in a wait (AReaL's Ray launcher in
   ``RayLauncher.wait``, asleep or in ``ray.get`` by turns; a trainer in ``prepare_batch``) is
   sampled at different calls below it, and has not moved until it leaves that wait;
@@ -138,6 +139,6 @@ def _work(probe: dict[str, Any]) -> ServerWork:
 def _functions(process: RankEvidence) -> tuple[str, ...]:
     """The working thread's functions, outermost wait and out (frames are innermost first)."""
     thread = work_thread(process)
-    names = [f.name for f in thread.frames] if thread else []
-    waits = [i for i, name in enumerate(names) if bare(name) in WAITS]
+    names = [bare(f.name) for f in thread.frames] if thread else []
+    waits = [i for i, name in enumerate(names) if name in WAITS]
     return tuple(names[waits[-1] :] if waits else names)
