@@ -31,8 +31,9 @@ from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.rankset import format_ranks, parse_ranks
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.config.load import load_config
-from areal_watchdog.config.model import JobConfig
+from areal_watchdog.config.model import HangAction, JobConfig
 from areal_watchdog.config.preflight import preflight
+from areal_watchdog.config.sinks import SecretError, SinkSpec, resolve
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.diagnose.render import verdict_dict, verdict_text
 from areal_watchdog.doctor.command import cmd_doctor
@@ -41,13 +42,12 @@ from areal_watchdog.evidence import offline
 from areal_watchdog.launch.backend import backend
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.local import LocalBackend
-from areal_watchdog.launch.resume import recovery_lines, run_resuming
-from areal_watchdog.launch.resume_checks import check_resumable, resume_notes, tokenizer_warning
 from areal_watchdog.launch.slurm.jobs import cancel_job, job_state, recorded_job_id, resolve_job
 from areal_watchdog.launch.slurm.status import status_lines
 from areal_watchdog.notify.delivery import delivery_id, send
 from areal_watchdog.notify.notifier import deliver_spooled, render, secret_values
-from areal_watchdog.notify.sinks import SecretError, SinkSpec, resolve
+from areal_watchdog.recover.checks import check_resumable, resume_notes, tokenizer_warning
+from areal_watchdog.recover.resume import recovery_lines, run_resuming
 from areal_watchdog.report.sample import sample_report
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.rundir.secure import check_run_dir, private_dir_problem
@@ -152,7 +152,7 @@ def cmd_launch(name: str, argv: list[str], watchdog: bool) -> int:
     run_preflight(config, enabled, args.ignore_preflight)
     target = backend(name, wait=getattr(args, "wait", False))
     plan = target.plan(config, enabled)
-    resuming = enabled and config.watchdog.on_hang == "resume"
+    resuming = enabled and config.watchdog.on_hang is HangAction.RESUME
     if resuming:
         check_resumable(config, name, plan.mode, getattr(args, "wait", False))
         warning = tokenizer_warning(config, plan.mode)

@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from areal_watchdog.common.redact import Redactor  # noqa: E402
 from areal_watchdog.config.load import load_config  # noqa: E402
+from areal_watchdog.config.sinks import parse_sinks  # noqa: E402
 from areal_watchdog.notify.notifier import Notifier  # noqa: E402
-from areal_watchdog.notify.sinks import parse_sinks  # noqa: E402
 from areal_watchdog.report.sample import sample_report  # noqa: E402
 from receiver import Receiver  # noqa: E402
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from areal_watchdog.common.rankset import parse_ranks
-from areal_watchdog.launch.bisect import bisect
-from areal_watchdog.launch.resume_policy import Hang
+from areal_watchdog.recover.bisect import bisect
+from areal_watchdog.recover.policy import Hang
 from areal_watchdog.rundir.layout import ENV_RUN_ID
 from areal_watchdog.trajectory.quarantine import (
     ENV_QUARANTINE,
@@ -184,7 +184,7 @@ def test_bisection_replays_are_named_as_areal_allows_and_watched_from_their_firs
     at once that step 2 trained, so its stall threshold applies from the start; a group of
     the step before can be fed as the step (the check of a hang keyed on the step)."""
     from areal_watchdog.cli import main
-    from areal_watchdog.rank import heartbeat
+    from areal_watchdog.rundir import heartbeat
     from areal_watchdog.rundir.layout import ENV_WATCH_DIR
     from areal_watchdog.trajectory import Replay
 

@@ -15,12 +15,12 @@ from typing import Any
 from areal_watchdog.config.model import WatchdogSection
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.evidence.model import Evidence
+from areal_watchdog.evidence.trigger import Trigger
 from areal_watchdog.launch.slurm.status import status_lines
 from areal_watchdog.report.write import prune_oldest
 from areal_watchdog.watch.escalation import Escalation, Look, StallCase, summary_prefix
 from areal_watchdog.watch.progress import StallClock
 from areal_watchdog.watch.second_look import marks, moved
-from areal_watchdog.watch.triggers import Trigger
 
 DATA = Path(__file__).parent / "data"
 THRESHOLD = 30.0

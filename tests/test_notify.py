@@ -16,12 +16,12 @@ from areal_watchdog.cli import main
 from areal_watchdog.common.errors import ConfigError
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.config.load import load_config
+from areal_watchdog.config.sinks import SecretError, SinkSpec, parse_sinks, resolve
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.evidence.model import BLOCKED, Evidence, Frame, RankEvidence, ThreadStack
 from areal_watchdog.notify.delivery import GRACE, delivery_id, flush, send
 from areal_watchdog.notify.envelope import ENVELOPE_SCHEMA, verify
 from areal_watchdog.notify.notifier import Notifier, render
-from areal_watchdog.notify.sinks import SecretError, SinkSpec, parse_sinks, resolve
 from areal_watchdog.notify.slack import MAX_GROUPS_SHOWN, build_slack_message, check_limits
 from areal_watchdog.notify.spool import Spool
 from areal_watchdog.report.build import IncidentContext, build_report

@@ -127,7 +127,7 @@ def test_a_nodes_heartbeats_are_read_with_one_listing_and_no_open(
     """Eight ranks of a node heartbeat through the public API; the sidecar learns their highest
     step from one directory listing, opening nothing (a pause file only while one is listed);
     another run's heartbeats and another node's do not count."""
-    import areal_watchdog.rank.heartbeat as api
+    import areal_watchdog.rundir.heartbeat as api
     from areal_watchdog.rundir.layout import RunLayout
     from areal_watchdog.watch import progress
 

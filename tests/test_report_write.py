@@ -17,10 +17,10 @@ from areal_watchdog.config.load import load_config
 from areal_watchdog.config.model import ON_HANG_ACTIONS
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.evidence.model import EXITED, Evidence, ExitInfo, RankEvidence
+from areal_watchdog.evidence.trigger import Trigger
 from areal_watchdog.report.build import IncidentContext, build_report, load_schema
 from areal_watchdog.report.sample import sample_report
 from areal_watchdog.report.write import write_incident
-from areal_watchdog.watch.triggers import Trigger
 from conftest import DEMO_CONFIG
 
 EXTRA_API_KEY = "launch-env-value-0123456789"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from areal_watchdog.launch.resume_policy import Hang, decide
+from areal_watchdog.recover.policy import Hang, decide
 from conftest import DEMO_CONFIG, FAST, REPO, Launcher
 from receiver import Receiver
 

@@ -24,8 +24,8 @@ from areal_watchdog.cli import main
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.common.fifo import write_fifo
 from areal_watchdog.config.model import WatchdogSection
+from areal_watchdog.config.sinks import parse_sinks
 from areal_watchdog.evidence.discovery import Scope, discover
-from areal_watchdog.notify.sinks import parse_sinks
 from areal_watchdog.notify.spool import Spool
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout

@@ -9,8 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from areal_watchdog.evidence.model import Evidence, Frame
+from areal_watchdog.evidence.trigger import Trigger
 from areal_watchdog.watch.second_look import Marks, marks, moved
-from areal_watchdog.watch.triggers import Reported, Say, Snapshot, Trigger, decide, progressed
+from areal_watchdog.watch.triggers import Reported, Say, Snapshot, decide, progressed
 
 HEALTHY = Snapshot(
     now=100.0,

@@ -2,7 +2,8 @@
 
 The values: the ``launch.env`` variables whose values the run directory never stores (a
 secret-looking name, or a value that looks like a token: ``launch.job.masked_names``) and every
-notify secret (its URL, the URL's path and query, a signing secret, a bot token). The launcher
+notify secret (its URL, the URL's path and query, a signing secret, a bot token), gathered by
+``rundir.job_mask`` from the run's records. The launcher
 names the first in ``AREAL_WATCHDOG_MASKED`` (names, never values), so every process of the run
 reads the same values from its own environment; the notify secrets are read from their sources
 (``*_env``, ``*_file``) as the sidecar reads them. Only these exact values are masked: the job's
@@ -16,14 +17,9 @@ torchrun's per-rank logs are written from. What a rank writes to its file descri
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any, TextIO
-
-from areal_watchdog.notify.sinks import SinkSpec, secret_values
-from areal_watchdog.rundir.launch_info import LaunchInfo
-from areal_watchdog.rundir.layout import RunLayout
 
 ENV_MASKED = "AREAL_WATCHDOG_MASKED"  # the names of the variables whose values are masked
 MASK = "***"
@@ -41,15 +37,6 @@ class Mask:
             if value in text:
                 text = text.replace(value, MASK)
         return text
-
-
-def job_mask(layout: RunLayout, env: Mapping[str, str] | None = None) -> Mask:
-    """The run's mask: the values of the variables ``ENV_MASKED`` names in ``env`` (default:
-    this process's environment) and the notify secrets of ``launch.json``."""
-    env = os.environ if env is None else env
-    names = [n for n in env.get(ENV_MASKED, "").split(",") if n in env]
-    notify = [SinkSpec.from_dict(d) for d in LaunchInfo.load(layout.run_dir).watchdog.notify]
-    return Mask([*(env[n] for n in names), *secret_values(notify)])
 
 
 class MaskedStream:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import copy
 import sys
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 # AReaL's step line is ``... Epoch 1/1 Step 3/233 Train step 3/233 done.``: the last match on a
 # line wins, so the global "Train step" beats the epoch-local "Step"; ``total`` (optional) says
@@ -42,9 +43,29 @@ SLURM_KEYS = {
     "job_name": str,
     "template_dir": str,
 }
-# What the watchdog does about a hang (report.json's action); resume: the launcher starts it again
-OnHang = Literal["report", "cancel", "resume"]
-ON_HANG_ACTIONS: tuple[str, ...] = get_args(OnHang)
+
+
+class HangAction(str, Enum):
+    """What the watchdog does about a hang (``watchdog.on_hang``, report.json's ``action``, the
+    sidecar's ``rundir.hang_request``). Defined with the config that names it; the records
+    below it in the layers (rundir) take it from here."""
+
+    REPORT = "report"  # post the report; the job runs on
+    CANCEL = "cancel"  # post it and end the job
+    RESUME = "resume"  # post it and end the job; the launcher replays the step, starts it again
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @property
+    def ends_job(self) -> bool:
+        return self is not HangAction.REPORT
+
+
+ON_HANG_ACTIONS: tuple[str, ...] = tuple(a.value for a in HangAction)
 STACK_METHODS = ("auto", "py-spy", "faulthandler")
 GPU_BACKENDS = ("auto", "nvml", "nvidia-smi", "recorded", "none")
 
@@ -87,7 +108,7 @@ class WatchdogSection:
     poll_interval: float = 1.0
     step_regex: str = DEFAULT_STEP_REGEX
     log_files: list[str] = field(default_factory=list)
-    on_hang: OnHang = "report"
+    on_hang: HangAction = HangAction.REPORT
     auto_factor: float = 5.0
     auto_min_timeout: float = 60.0
     dump_timeout: float = 5.0
@@ -114,6 +135,10 @@ class WatchdogSection:
     trajectory_max_keep: int = 5
     trajectory_pin_steps: list[int] = field(default_factory=list)
     trajectory_dump_steps: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        # read back from launch.json, the action is its plain value
+        object.__setattr__(self, "on_hang", HangAction(self.on_hang))
 
 
 @dataclass(frozen=True)

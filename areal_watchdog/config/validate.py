@@ -28,7 +28,7 @@ from areal_watchdog.config.model import (
     RaySection,
     WatchdogSection,
 )
-from areal_watchdog.notify.sinks import parse_sinks
+from areal_watchdog.config.sinks import parse_sinks
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 LAUNCH_KEYS = {

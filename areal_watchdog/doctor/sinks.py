@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 from requests.utils import get_environ_proxies
 
 from areal_watchdog.common.redact import Redactor
+from areal_watchdog.config.sinks import SecretError, SinkSpec, resolve
 from areal_watchdog.doctor.model import FAIL, PASS, Check
-from areal_watchdog.notify.sinks import SecretError, SinkSpec, resolve
 
 TIMEOUT = 5.0
 SECRET_FIX = "export the variable, or chmod 600 the file, that watchdog.notify names"

@@ -27,8 +27,8 @@ from typing import Any
 
 from areal_watchdog.common.errors import ConfigError
 from areal_watchdog.config.areal import Allocation, parse_allocation
+from areal_watchdog.config.entrypoint import resolve_entrypoint
 from areal_watchdog.config.model import JobConfig
-from areal_watchdog.launch.entrypoint import resolve_entrypoint
 from areal_watchdog.launch.plan import Gate, ProcessSpec
 from areal_watchdog.launch.torchrun import standalone, torchrun_command
 from areal_watchdog.rank.sitehook import DIRECTORY as SITEHOOK

@@ -14,8 +14,8 @@ from areal_watchdog.common.atomic import write_text_atomic
 from areal_watchdog.common.mask import ENV_MASKED
 from areal_watchdog.common.redact import REDACTED, SECRET_NAME, Redactor
 from areal_watchdog.config.debug_env import render_debug_env
+from areal_watchdog.config.entrypoint import resolve_entrypoint
 from areal_watchdog.config.model import JobConfig
-from areal_watchdog.launch.entrypoint import resolve_entrypoint
 from areal_watchdog.launch.plan import LaunchPlan
 from areal_watchdog.rank.flight_recorder import ENV_FLIGHT_RECORDER
 from areal_watchdog.rundir.launch_info import LaunchInfo

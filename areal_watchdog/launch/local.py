@@ -21,12 +21,11 @@ from pathlib import Path
 from typing import TextIO
 
 from areal_watchdog.common.atomic import open_append, read_json, write_json_atomic
-from areal_watchdog.common.mask import Mask, job_mask
+from areal_watchdog.common.mask import Mask
 from areal_watchdog.common.roles import SIDECAR_MODULE
-from areal_watchdog.common.run_processes import kill_run_processes
+from areal_watchdog.config.entrypoint import launch_mode
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.areal import ArealJob, plan_areal
-from areal_watchdog.launch.entrypoint import launch_mode
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.gate import pass_gate
 from areal_watchdog.launch.job import (
@@ -39,8 +38,11 @@ from areal_watchdog.launch.job import (
 from areal_watchdog.launch.plan import Gate, LaunchPlan, ProcessSpec
 from areal_watchdog.launch.processes import Interrupts, OutputPump, start, stop_job
 from areal_watchdog.launch.torchrun import standalone, torchrun_command
+from areal_watchdog.rundir.hang_request import HangRequest
+from areal_watchdog.rundir.job_mask import job_mask
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_CANCEL_FD, ENV_NODE, RunLayout, node_of
+from areal_watchdog.rundir.run_processes import kill_run_processes
 
 SIDECAR_FINISH_GRACE = 60.0  # seconds the sidecar gets to write a final report
 SIDECAR_RESTARTS = 3  # a sidecar that keeps dying is given up on, loudly
@@ -172,12 +174,9 @@ class _LocalRun:
             said = os.read(self.cancel_pipe[0], 4096).decode(errors="replace")
         except BlockingIOError:
             said = ""
-        for line in said.splitlines():
-            if line.startswith("cancel "):
-                self.cancel_incident = line.split(" ", 1)[1].strip()
-        return self.cancel_incident is not None or isinstance(
-            read_json(self.layout.cancel_file), dict
-        )
+        for request in HangRequest.heard(said):
+            self.cancel_incident = request.incident_id
+        return self.cancel_incident is not None or HangRequest.read(self.layout) is not None
 
     def record_exit(self, returncode: int | None) -> bool:
         """Tell the sidecar how the job ended; False when the run directory refuses."""
@@ -193,7 +192,7 @@ class _LocalRun:
     def exit_code(self, returncode: int | None, interrupted: bool) -> int:
         if interrupted:
             return ExitCode.INTERRUPTED
-        if self.cancelled or isinstance(read_json(self.layout.cancel_file), dict):
+        if self.cancelled or HangRequest.read(self.layout) is not None:
             self.say_verdict()
             return ExitCode.HANG_CANCELLED
         return ExitCode.OK if returncode == 0 else ExitCode.JOB_FAILED
@@ -206,8 +205,8 @@ class _LocalRun:
 def cancel_verdict(layout: RunLayout, incident_id: str | None = None) -> list[str]:
     """The last words on the terminal after a cancel: the verdict and where the report is
     (a full disk may have kept both off the disk: the sidecar said the verdict already)."""
-    cancel = read_json(layout.cancel_file) or {}
-    incident = layout.incidents_dir / str(cancel.get("incident_id", incident_id))
+    request = HangRequest.read(layout)
+    incident = layout.incidents_dir / str(request.incident_id if request else incident_id)
     report = read_json(incident / "report.json")
     if not isinstance(report, dict):
         return []

@@ -20,8 +20,8 @@ import psutil
 
 from areal_watchdog.common.mask import Mask
 from areal_watchdog.common.parent import die_with_parent
-from areal_watchdog.common.run_processes import kill_run_processes, run_processes
 from areal_watchdog.launch.plan import ProcessSpec
+from areal_watchdog.rundir.run_processes import kill_run_processes, run_processes
 
 TERMINATE_GRACE = 20.0  # seconds torchrun gets to stop its ranks before everything is killed
 

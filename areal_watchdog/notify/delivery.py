@@ -23,8 +23,8 @@ from requests.adapters import HTTPAdapter
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from areal_watchdog.common.redact import Redactor
+from areal_watchdog.config.sinks import ResolvedSink, SecretError, SinkSpec, resolve
 from areal_watchdog.notify.envelope import signature_headers
-from areal_watchdog.notify.sinks import ResolvedSink, SecretError, SinkSpec, resolve
 from areal_watchdog.notify.spool import Spool
 
 MAX_RETRY_AFTER = 120.0  # seconds: a longer Retry-After goes to the spool instead

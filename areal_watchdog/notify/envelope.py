@@ -15,12 +15,13 @@ secret is used as its UTF-8 bytes.
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 import json
 import time
 from typing import Any
+
+from areal_watchdog.config.sinks import secret_key
 
 ENVELOPE_SCHEMA = "areal-watchdog.incident.v1"
 
@@ -65,16 +66,6 @@ def build_envelope(report: dict[str, Any]) -> dict[str, Any]:
 def encode(document: dict[str, Any]) -> bytes:
     """The exact bytes that are sent and signed."""
     return json.dumps(document, separators=(",", ":"), sort_keys=True).encode("utf-8")
-
-
-def secret_key(secret: str) -> bytes:
-    """The HMAC key: a Standard Webhooks ``whsec_`` secret is base64; anything else is text."""
-    if secret.startswith("whsec_"):
-        try:
-            return base64.b64decode(secret[len("whsec_") :], validate=True)
-        except (binascii.Error, ValueError):
-            raise ValueError("a whsec_ secret must be base64 after 'whsec_'") from None
-    return secret.encode("utf-8")
 
 
 def signature_headers(body: bytes, secret: str, delivery_id: str, timestamp: int) -> dict[str, str]:

@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from areal_watchdog.common.redact import Redactor
-from areal_watchdog.notify.delivery import deliver, delivery_id, flush
-from areal_watchdog.notify.envelope import build_envelope, encode
-from areal_watchdog.notify.sinks import (
+from areal_watchdog.config.sinks import (
     ResolvedSink,
     SecretError,
     SinkSpec,
     resolve,
     secret_values,
 )
+from areal_watchdog.notify.delivery import deliver, delivery_id, flush
+from areal_watchdog.notify.envelope import build_envelope, encode
 from areal_watchdog.notify.slack import build_slack_message
 from areal_watchdog.notify.spool import Spool
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_watchdog.common.atomic import open_append, read_json, write_json_atomic
-from areal_watchdog.notify.sinks import SinkSpec
+from areal_watchdog.config.sinks import SinkSpec
 
 
 class Spool:

@@ -40,7 +40,7 @@ from typing import Any
 
 from areal_watchdog.common.areal_version import is_known, unknown_note
 from areal_watchdog.rank.after_import import after_import
-from areal_watchdog.rank.heartbeat import heartbeat
+from areal_watchdog.rundir.heartbeat import heartbeat
 from areal_watchdog.trajectory.format import ENV_DIR, ENV_REPLAY_DIR
 
 TRAINER_MODULE = "areal.trainer.rl_trainer"

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from areal_watchdog.common.atomic import write_json_atomic
-from areal_watchdog.common.mask import MaskedStream, job_mask
+from areal_watchdog.common.mask import MaskedStream
 from areal_watchdog.rank import areal_quarantine, areal_trajectory, task_listener
 from areal_watchdog.rank.arming import (
     allow_any_tracer,
@@ -39,6 +39,7 @@ from areal_watchdog.rank.arming import (
     quietly,
 )
 from areal_watchdog.rank.flight_recorder import ENV_FLIGHT_RECORDER, start_listener
+from areal_watchdog.rundir.job_mask import job_mask
 from areal_watchdog.rundir.layout import (
     COOPERATIVE_SIGNAL,
     ENV_RUN_ID,

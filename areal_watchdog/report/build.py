@@ -17,11 +17,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from areal_watchdog.config.model import OnHang
+from areal_watchdog.config.model import HangAction
 from areal_watchdog.diagnose.activity import work_thread
 from areal_watchdog.diagnose.verdict import Activity, Verdict
 from areal_watchdog.evidence.model import EXITED, Evidence, RankEvidence
-from areal_watchdog.watch.triggers import Trigger
+from areal_watchdog.evidence.trigger import Trigger
 
 SCHEMA_VERSION = 4
 SERVER_FIELDS = (
@@ -48,7 +48,7 @@ class IncidentContext:
     threshold_s: float | None = None
     last_step: int | None = None
     trigger: Trigger | str = Trigger.STALL  # a Trigger or its value; anything else is refused
-    action: OnHang = "report"
+    action: HangAction = HangAction.REPORT
     trajectory: dict[str, Any] | None = None
     timings: dict[str, float] = field(default_factory=dict)  # seconds spent per phase
     folder: str = "incidents"  # its folder in the run directory (``suspected``: not posted)
@@ -83,7 +83,7 @@ def build_report(
         "cause": verdict.cause,
         "summary": verdict.summary,
         "trigger": Trigger(ctx.trigger).value,
-        "action": ctx.action,
+        "action": HangAction(ctx.action).value,
         "detected_at": iso(ctx.detected_at),
         "last_progress_at": iso(ctx.last_progress_at),
         "stalled_for_s": None if silent is None else round(silent, 3),

@@ -35,6 +35,9 @@ class LaunchInfo:
     dynamic_nodes: bool = False
     # AReaL's ``total_train_steps``: its step lines say the epochs' total even when this caps it
     total_steps: int | None = None
+    # where a scheduler runs the job: the backend's command a sidecar runs to place itself and
+    # to end the job when no launcher can (``watch.scheduler``); None: the launcher ends it
+    scheduler_command: list[str] | None = None
 
     @classmethod
     def for_config(

@@ -21,7 +21,7 @@ ENV_NODE = "AREAL_WATCHDOG_NODE"
 ENV_RAYLET = "AREAL_WATCHDOG_RAYLET_PID"
 ENV_JOB_CONFIG = "AREAL_WATCHDOG_JOB_CONFIG"  # the controller is the process that holds it
 ENV_RANK_ROLE = "AREAL_WATCHDOG_RANK_ROLE"  # the AReaL role whose workers are the ranks (actor)
-# The write end of a pipe from the local sidecar to its launcher: "cancel <incident id>" ends
+# The write end of a pipe from the local sidecar to its launcher: a HangRequest on it ends
 # the job even when the disk is full and the cancel record cannot be written.
 ENV_CANCEL_FD = "AREAL_WATCHDOG_CANCEL_FD"
 
@@ -174,7 +174,8 @@ class RunLayout:
 
     @property
     def cancel_file(self) -> Path:
-        """Written by a sidecar before it ends a hung job (``on_hang: cancel``)."""
+        """A sidecar's ``HangRequest``, written before it ends a hung job (``on_hang: cancel``
+        or ``resume``)."""
         return self.watch_dir / "cancelled.json"
 
     @property

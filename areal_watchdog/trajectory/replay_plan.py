@@ -19,9 +19,9 @@ from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.rankset import format_ranks
 from areal_watchdog.common.redact import REDACTED
 from areal_watchdog.config.areal import parse_allocation
+from areal_watchdog.config.entrypoint import launch_mode
 from areal_watchdog.config.load import load_config
-from areal_watchdog.config.model import JobConfig
-from areal_watchdog.launch.entrypoint import launch_mode
+from areal_watchdog.config.model import HangAction, JobConfig
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.rundir.secure import check_run_dir
 from areal_watchdog.trajectory.areal_replay import areal_replay
@@ -194,7 +194,9 @@ def plan_replay_config(request: ReplayRequest) -> ReplayConfig:
         f"++launch.nproc_per_node={request.nproc or recorded_dp}",
         "++watchdog.trajectory.enabled=false",
     ]
-    if original.watchdog.on_hang == "resume":  # a replay that hangs ends there: nothing resumes it
+    if (
+        original.watchdog.on_hang is HangAction.RESUME
+    ):  # a replay that hangs ends there: nothing resumes it
         overrides.append("++watchdog.on_hang=cancel")
     overrides += [f"++launch.env.{name}={value}" for name, value in env.items()]
     overrides += unstored_secrets(original, layout.launch_config)

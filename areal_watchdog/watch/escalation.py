@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from areal_watchdog.common.rankset import culprits_phrase
+from areal_watchdog.config.model import HangAction
 from areal_watchdog.diagnose.verdict import Verdict
 from areal_watchdog.evidence.model import Evidence
+from areal_watchdog.evidence.trigger import Trigger
 from areal_watchdog.watch.second_look import RETRY_LOOPS, marks, moved
-from areal_watchdog.watch.triggers import Trigger
 
 CANCEL_AFTER_FACTOR = 5.0  # the default hard limit, in stall thresholds or step intervals
 CONCLUSIVE_CATEGORIES = frozenset({"rank_crashed", "node_lost"})
@@ -73,7 +74,7 @@ class StallCase:
     trigger: Trigger
     step: int | None  # the last step when it began: another one ends it
     lost: tuple[str, ...]
-    action: str  # the on_hang action it may run
+    action: HangAction  # the on_hang action it may run
     looks: int = 0
     last: Look | None = None  # the latest look
     pending: Look | None = None  # a first look waiting for its second
@@ -189,7 +190,7 @@ class Escalation:
             return
         case.written = key
         confirmation = self.confirmation(case, after, what, confirmed=False, by=None)
-        self.report(case.trigger, look, "report", confirmation, post=False)
+        self.report(case.trigger, look, HangAction.REPORT, confirmation, post=False)
 
     def conclude(self, look: Look, by: str, after: float, what: list[str]) -> None:
         """The silence is a hang: report (posted) and run ``on_hang``."""

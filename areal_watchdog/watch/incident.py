@@ -9,9 +9,7 @@ same event twice.
 from __future__ import annotations
 
 import contextlib
-import os
 import shlex
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,26 +18,26 @@ from typing import Any
 
 import psutil
 
-from areal_watchdog.common.atomic import write_json_atomic
-from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.rankset import culprits_phrase
 from areal_watchdog.common.redact import SECRET_NAME, Redactor
+from areal_watchdog.config.model import HangAction
 from areal_watchdog.diagnose.classify import classify, ended_cleanly
 from areal_watchdog.evidence.gather import GatherSettings
 from areal_watchdog.evidence.model import MISSING, Evidence, RankEvidence, plain
-from areal_watchdog.launch.slurm.jobs import job_steps
+from areal_watchdog.evidence.trigger import SILENCES, Trigger
 from areal_watchdog.notify.notifier import Notifier
 from areal_watchdog.report.bound import split_ranks
 from areal_watchdog.report.build import IncidentContext, build_report, new_incident_id
 from areal_watchdog.report.write import prune_oldest, write_incident
+from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.launch_info import LaunchInfo
-from areal_watchdog.rundir.layout import ENV_CANCEL_FD, INCIDENTS, SUSPECTED
+from areal_watchdog.rundir.layout import INCIDENTS, SUSPECTED
 from areal_watchdog.trajectory.format import complete_steps
 from areal_watchdog.watch.coordination import ENDED_STATES, Coordinator
 from areal_watchdog.watch.escalation import Escalation, Look, StallCase, summary_prefix
 from areal_watchdog.watch.node import NodeWatch
 from areal_watchdog.watch.progress import StallClock
-from areal_watchdog.watch.triggers import SILENCES, Trigger
+from areal_watchdog.watch.scheduler import end_job
 
 # Seconds to wait for the ranks' Flight Recorder dumps: a rank spinning in Python lends its
 # listener the GIL in 5 ms slices, and under load (AReaL's FSDP on 2 cores) 2 s was too short.
@@ -47,8 +45,6 @@ FLIGHT_RECORDER_TIMEOUT = 5.0
 ROLLOUT_TIMEOUT = 2.0  # seconds to wait for asyncio task dumps and server probes
 SUSPECTED_KEPT = 20  # the newest looks kept under suspected/ (a job slow at every step writes many)
 HANG_TRIGGERS = (Trigger.STALL, Trigger.GPU_IDLE, Trigger.RANK_EXITED, Trigger.NODE_SILENT)
-ENDS_JOB = ("cancel", "resume")  # the on_hang actions that end the job (resume: the launcher
-# then starts it again)
 
 
 @dataclass
@@ -69,14 +65,6 @@ class LocalEvidence:
             "flight_records": self.traces,
             "servers": self.servers,
         }
-
-
-def tell_launcher(message: str) -> None:
-    """One line to the local launcher through the pipe it gave us (``ENV_CANCEL_FD``), if any."""
-    fd = os.environ.get(ENV_CANCEL_FD, "")
-    if fd.isdigit():
-        with contextlib.suppress(OSError):
-            os.write(int(fd), f"{message}\n".encode())
 
 
 def job_secrets(pids: list[int]) -> list[str]:
@@ -162,8 +150,8 @@ class Incidents(Escalation):
         if silence and ended_cleanly(look.evidence):
             self.say("no new step, but every rank ended cleanly: the job is finishing, not hung")
             return
-        action = self.info.watchdog.on_hang if trigger in HANG_TRIGGERS else "report"
-        if not (silence and action in ENDS_JOB):
+        action = self.info.watchdog.on_hang if trigger in HANG_TRIGGERS else HangAction.REPORT
+        if not (silence and action.ends_job):
             self.report(trigger, look, action)
             return
         self.case = StallCase(trigger, look.step, lost, action)
@@ -190,7 +178,7 @@ class Incidents(Escalation):
         self,
         trigger: Trigger,
         look: Look,
-        action: str,
+        action: HangAction,
         confirmation: dict[str, Any] | None = None,
         post: bool = True,
     ) -> None:
@@ -214,7 +202,7 @@ class Incidents(Escalation):
         self.pending.append(_Unwritten(report, look.evidence, redactor, by_node, ctx.folder))
         if not self.write_pending():
             self.say(f"verdict (report not on disk yet, retried every poll): {verdict_line}")
-        if action in ENDS_JOB:  # whether or not the disk took the report
+        if action.ends_job:  # whether or not the disk took the report
             self.cancel_job(report["incident_id"], action)
 
     def write_pending(self) -> bool:
@@ -300,7 +288,7 @@ class Incidents(Escalation):
             if r not in have
         ]
 
-    def context(self, trigger: Trigger, look: Look, action: str) -> IncidentContext:
+    def context(self, trigger: Trigger, look: Look, action: HangAction) -> IncidentContext:
         return IncidentContext(
             backend=self.info.backend,
             run_id=self.info.run_id,
@@ -334,33 +322,18 @@ class Incidents(Escalation):
             "replay_command": f"areal-launch replay {shlex.quote(self.info.run_dir)} --step {step}",
         }
 
-    def _slurm_targets(self, action: str) -> list[str]:
-        """What ``scancel`` ends: the job, or with ``resume.allocation: same`` only its steps
-        (the batch script keeps the allocation for the resume); the job when they cannot be
-        listed."""
-        assert self.job_id is not None
-        if action != "resume" or self.info.watchdog.resume_allocation != "same":
-            return [self.job_id]
-        try:
-            return job_steps(self.job_id) or [self.job_id]
-        except (OSError, UserError):
-            return [self.job_id]
-
-    def cancel_job(self, incident_id: str, action: str) -> None:
-        """``on_hang: cancel`` (or ``resume``): record why, then end the job (scancel, or the
-        launcher through its pipe). Neither needs free disk: a full disk loses the record, not
-        the cancel."""
+    def cancel_job(self, incident_id: str, action: HangAction) -> None:
+        """``on_hang: cancel`` (or ``resume``): record the request, then end the job (the
+        scheduler's command, or the launcher through its pipe). Neither needs free disk: a full
+        disk loses the record, not the cancel."""
         self.cancelling = True
-        record = {"run_id": self.info.run_id, "incident_id": incident_id, "time": time.time()}
+        request = HangRequest(self.info.run_id, incident_id, action, time.time())
         try:
-            write_json_atomic(self.info.layout.cancel_file, record)
+            request.write(self.info.layout)
         except OSError as exc:
             self.say(f"cannot record the cancel ({exc.strerror or exc}): cancelling anyway")
-        if self.job_id:
-            targets = self._slurm_targets(action)
-            self.say(f"on_hang={action}: scancel {' '.join(targets)}")
-            with contextlib.suppress(OSError):
-                subprocess.run(["scancel", *targets], check=False, capture_output=True)
+        if self.job_id and self.info.scheduler_command:
+            self.say(f"on_hang={action}: {end_job(self.info, self.job_id, action)}")
         else:
             self.say(f"on_hang={action}: asking the launcher to terminate the job")
-            tell_launcher(f"cancel {incident_id}")
+            request.send_to_launcher()

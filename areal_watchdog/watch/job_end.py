@@ -8,12 +8,12 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from areal_watchdog.common.atomic import read_json, write_json_atomic
-from areal_watchdog.common.run_processes import kill_run_processes
-from areal_watchdog.launch.slurm.jobs import cancel_jobs
-from areal_watchdog.rundir.launch_info import LaunchInfo
+from areal_watchdog.common.atomic import write_json_atomic
+from areal_watchdog.evidence.trigger import Trigger
+from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.records import read_run_record
-from areal_watchdog.watch.triggers import Trigger
+from areal_watchdog.rundir.run_processes import kill_run_processes
+from areal_watchdog.watch.scheduler import end_orphans
 
 
 class JobEnd:
@@ -45,7 +45,7 @@ class JobEnd:
         """Cancelled by the watchdog, or interrupted by the user: exits are no failures."""
         return (
             self.incidents.cancelling
-            or isinstance(read_json(self.layout.cancel_file), dict)
+            or HangRequest.read(self.layout) is not None
             or read_run_record(self.layout.interrupted_file, self.info.run_id) is not None
         )
 
@@ -99,14 +99,13 @@ class JobEnd:
     def orphaned(self) -> None:
         """The launcher that started us is gone (``kill -9``, a closed terminal): nothing of
         the run may go on unsupervised. Torchrun stops its ranks when the launcher dies, but
-        AReaL's workers outlive their controller: end every process of the run, and cancel
-        AReaL's Slurm jobs."""
+        AReaL's workers outlive their controller: end every process of the run, and what the
+        scheduler still runs for it (AReaL's Slurm jobs)."""
         killed = kill_run_processes(self.info.run_id)
-        prefix = _areal_jobs(self.info)
-        cancelled = cancel_jobs(prefix) if prefix else []
+        ended = end_orphans(self.info)
         self.say(
             f"areal-launch is gone: ended the run's {len(killed)} remaining process(es)"
-            + (f" and cancelled AReaL's Slurm jobs {', '.join(cancelled)}" if cancelled else "")
+            + (f"; {ended}" if ended else "")
         )
 
     def quiet_peers(self, peers: list[str]) -> list[str]:
@@ -126,10 +125,3 @@ class JobEnd:
                 or self.statuses.get(n, {}).get("state") in ("ending", "finished")
             }
         return [n for n in peers if n not in spoke]
-
-
-def _areal_jobs(info: LaunchInfo) -> str | None:
-    """The name prefix of AReaL's Slurm jobs, when AReaL's scheduler submits them."""
-    if not info.dynamic_nodes:
-        return None
-    return f"{info.experiment_name}_{info.trial_name}:"

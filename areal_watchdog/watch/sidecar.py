@@ -1,6 +1,6 @@
 """The watchdog sidecar: one per node, a separate process beside the job's ranks.
 
-``python -m areal_watchdog.watch.sidecar --run-dir RUN_DIR (--node NODE | --node-from-slurm)``
+``python -m areal_watchdog.watch.sidecar --run-dir RUN_DIR (--node NODE | --node-from-scheduler)``
 
 Every sidecar follows progress (step lines, heartbeats, pauses), watches its node's ranks,
 publishes its node's status and answers evidence requests. The leader (``coordination``) also
@@ -26,11 +26,11 @@ from typing import Any
 
 from areal_watchdog.common.atomic import open_append
 from areal_watchdog.common.redact import Redactor
+from areal_watchdog.config.sinks import SinkSpec
 from areal_watchdog.evidence.discovery import Scope
 from areal_watchdog.evidence.gpu import GpuBackend, IdleTracker, NoGpu, open_backend
-from areal_watchdog.launch.slurm.node import slurm_nodes
+from areal_watchdog.evidence.trigger import SILENCES, Trigger
 from areal_watchdog.notify.notifier import Notifier
-from areal_watchdog.notify.sinks import SinkSpec
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_RAYLET
 from areal_watchdog.rundir.secure import run_dir_owner
@@ -46,17 +46,10 @@ from areal_watchdog.watch.progress import (
     default_log_patterns,
 )
 from areal_watchdog.watch.progress_watch import ProgressWatch
+from areal_watchdog.watch.scheduler import placement
 from areal_watchdog.watch.standby import wait_for_node_lock
 from areal_watchdog.watch.status_keeper import StatusKeeper
-from areal_watchdog.watch.triggers import (
-    SILENCES,
-    Action,
-    Reported,
-    Say,
-    Snapshot,
-    Trigger,
-    decide,
-)
+from areal_watchdog.watch.triggers import Action, Reported, Say, Snapshot, decide
 
 NOTIFY_FINISH_TIMEOUT = 30.0  # seconds to finish sending before the rest waits in the spool
 FOLLOWER_LINGER = 60.0  # seconds a finished follower keeps answering a leader that has not finished
@@ -410,9 +403,10 @@ def main(argv: list[str] | None = None) -> int:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--node", help="this node's name (single-node launches)")
     where.add_argument(
-        "--node-from-slurm",
+        "--node-from-scheduler",
         action="store_true",
-        help="take the node and the job's nodes from the Slurm environment",
+        help="ask the scheduler (the launch's recorded command) for this node, the job's nodes "
+        "and the job id",
     )
     parser.add_argument(
         "--ray",
@@ -430,11 +424,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         info = LaunchInfo.load(args.run_dir)
         if args.standby:
-            node, nodes, job_id = os.environ["SLURMD_NODENAME"], list(info.nodes), info.job_id
+            node, nodes, job_id = placement(info).node, list(info.nodes), info.job_id
             nodes += [node] if node not in nodes else []
-        elif args.node_from_slurm:
-            node, nodes = os.environ["SLURMD_NODENAME"], slurm_nodes()
-            job_id = os.environ.get("SLURM_JOB_ID")
+        elif args.node_from_scheduler:
+            placed = placement(info)
+            node, nodes, job_id = placed.node, placed.nodes, placed.job_id
         else:
             node, nodes, job_id = args.node, info.nodes or [args.node], info.job_id
     except Exception as exc:  # noqa: BLE001 - the sidecar must explain, not crash

@@ -3,10 +3,8 @@
 The sidecar loop gathers a ``Snapshot`` each poll (progress clock, live and gone ranks, peers'
 exit records and silence, GPUs) and asks ``decide`` what to do; ``decide`` returns the actions
 and the updated ``Reported`` state, and never looks at a file or a process. Each trigger is one
-short rule below, in the order they are tried.
-
-Triggers are not categories: a trigger says why the watchdog looked (``node_silent``: a peer
-sidecar stopped answering), the classifier's category says what it found (``node_lost``).
+short rule below, in the order they are tried. The triggers themselves are named in
+``evidence.trigger``.
 """
 
 from __future__ import annotations
@@ -14,18 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
-
-class Trigger(str, Enum):
-    """Why an incident was opened (``report.json``'s ``trigger``)."""
-
-    STALL = "stall"  # no progress for longer than the threshold
-    GPU_IDLE = "gpu_idle"  # every GPU idle or spinning, and no progress
-    RANK_EXITED = "rank_exited"  # a rank ended while others live on
-    NODE_SILENT = "node_silent"  # a peer sidecar stopped answering
-    JOB_FAILED = "job_failed"  # every node's job ended, some with a non-zero code
-
-
-SILENCES = (Trigger.STALL, Trigger.GPU_IDLE)  # one report per silence
+from areal_watchdog.evidence.trigger import Trigger
 
 
 class Say(str, Enum):

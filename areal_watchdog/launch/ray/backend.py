@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import TextIO
 
 from areal_watchdog.common.errors import ConfigError
+from areal_watchdog.config.entrypoint import launch_mode, resolve_entrypoint
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.areal import areal_environment, plan_areal, script_command
-from areal_watchdog.launch.entrypoint import launch_mode, resolve_entrypoint
 from areal_watchdog.launch.job import job_environment, launch_files, rank_command, stale_state
 from areal_watchdog.launch.plan import LaunchPlan, ProcessSpec
 from areal_watchdog.launch.ray.cluster import OwnCluster

@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 
 from areal_watchdog.common.atomic import read_json
-from areal_watchdog.common.run_processes import kill_run_processes
 from areal_watchdog.launch.ray.cluster import TEMP_ROOT, remove_private
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.rundir.run_processes import kill_run_processes
 
 
 def end_the_run(layout: RunLayout, run_id: str) -> None:

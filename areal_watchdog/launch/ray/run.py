@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from areal_watchdog.common.atomic import read_json, write_json_atomic
+from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.job import prepare_run_dir
 from areal_watchdog.launch.local import SIDECAR_FINISH_GRACE, cancel_verdict
@@ -26,6 +26,7 @@ from areal_watchdog.launch.processes import Interrupts
 from areal_watchdog.launch.ray.backend import RaySubmission
 from areal_watchdog.launch.ray.guardian import start_guardian
 from areal_watchdog.launch.ray.jobs import ENDED, RayJobs, job_returncode
+from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.rundir.records import read_run_record
@@ -97,7 +98,7 @@ class RayRun:
                 with contextlib.suppress(OSError):
                     write_json_atomic(self.layout.interrupted_file, record)
                 jobs.stop(self.sub.submission_id)
-            if not stopped and isinstance(read_json(self.layout.cancel_file), dict):
+            if not stopped and HangRequest.read(self.layout) is not None:
                 stopped = self.cancelled = self.tails.muted = True
                 self.say("the watchdog reported a hang: stopping the Ray job")
                 jobs.stop(self.sub.submission_id)
@@ -130,7 +131,7 @@ class RayRun:
     def exit_code(self, state: str, returncode: int, interrupted: bool) -> int:
         if interrupted:
             return ExitCode.INTERRUPTED
-        if self.cancelled or isinstance(read_json(self.layout.cancel_file), dict):
+        if self.cancelled or HangRequest.read(self.layout) is not None:
             for line in cancel_verdict(self.layout):
                 self.say(line)
             return ExitCode.HANG_CANCELLED

@@ -45,6 +45,7 @@ from areal_watchdog.launch.plan import LaunchPlan, ProcessSpec
 from areal_watchdog.launch.slurm.jobs import cancel_jobs
 from areal_watchdog.launch.slurm.node import ServerNodes
 from areal_watchdog.launch.slurm.options import validate_slurm
+from areal_watchdog.launch.slurm.scheduler_command import scheduler_command
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
 
@@ -72,7 +73,10 @@ def plan_single_controller(config: JobConfig, watchdog: bool, run_id: str | None
         config, run_id, "slurm", layout.run_dir, job.world_size, [host], "single_controller",
         job.rank_role,
     )  # fmt: skip
-    info = replace(info, nproc_per_node=0, dynamic_nodes=True)  # the ranks run elsewhere
+    info = replace(  # the ranks run elsewhere, in AReaL's jobs
+        info, nproc_per_node=0, dynamic_nodes=True,
+        scheduler_command=scheduler_command(config.launch.python),
+    )  # fmt: skip
     processes = list(job.processes)
     if watchdog:
         sidecar = [config.launch.python, "-m", SIDECAR_MODULE]
@@ -150,7 +154,7 @@ def standby_command(python: str, layout: RunLayout) -> str:
     output in the run's logs (AReaL joins these lines with ``;``: the braces keep ``&`` legal)."""
     sidecar = [python, "-m", SIDECAR_MODULE, "--run-dir", str(layout.run_dir)]
     log = f"{shlex.quote(str(layout.logs_dir))}/sidecar_$SLURMD_NODENAME.out"
-    flags = ["--node-from-slurm", "--standby"]
+    flags = ["--node-from-scheduler", "--standby"]
     return f"{{ {shlex.join([*sidecar, *flags])} >> {log} 2>&1 < /dev/null & }}"
 
 

@@ -22,8 +22,8 @@ from typing import Any, TextIO
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.roles import SIDECAR_MODULE
-from areal_watchdog.config.model import JobConfig
-from areal_watchdog.launch.entrypoint import launch_mode
+from areal_watchdog.config.entrypoint import launch_mode
+from areal_watchdog.config.model import HangAction, JobConfig
 from areal_watchdog.launch.job import (
     job_environment,
     launch_files,
@@ -46,6 +46,7 @@ from areal_watchdog.launch.slurm.jobs import (
 from areal_watchdog.launch.slurm.node import NodeJob
 from areal_watchdog.launch.slurm.options import validate_slurm
 from areal_watchdog.launch.slurm.same_allocation import attempt_ended, request
+from areal_watchdog.launch.slurm.scheduler_command import scheduler_command
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.rundir.secure import check_run_dir
@@ -101,6 +102,7 @@ class SlurmBackend:
         processes = _node_processes(config, layout, node_job, prefix, watchdog)
         n_ranks = spmd.world_size if spmd else config.n_nodes * nproc
         info = LaunchInfo.for_config(config, run_id, "slurm", layout.run_dir, n_ranks, [], mode)
+        info = replace(info, scheduler_command=scheduler_command(config.launch.python))
         info = replace(info, nproc_per_node=nproc)
         return LaunchPlan(
             backend=self.name,
@@ -156,7 +158,7 @@ class SlurmBackend:
 
 def _keeps_allocation(config: JobConfig, watchdog: bool) -> bool:
     wd = config.watchdog
-    return watchdog and wd.on_hang == "resume" and wd.resume_allocation == "same"
+    return watchdog and wd.on_hang is HangAction.RESUME and wd.resume_allocation == "same"
 
 
 def _rerun_in_allocation(plan: LaunchPlan, job_id: str, folder: str) -> str:
@@ -208,7 +210,7 @@ def sidecar_command(python: str, layout: RunLayout) -> list[str]:
         SIDECAR_MODULE,
         "--run-dir",
         str(layout.run_dir),
-        "--node-from-slurm",
+        "--node-from-scheduler",
     ]
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.launch.exit_codes import ExitCode
+from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.rundir.secure import check_run_dir
 
@@ -115,7 +116,7 @@ def wait_for_job(
             out(f"[areal-launch] job {job_id}: its step ended after a hang; allocation kept")
             return ExitCode.HANG_CANCELLED
         time.sleep(poll)
-    if isinstance(read_json(RunLayout(run_dir).cancel_file), dict):
+    if HangRequest.read(RunLayout(run_dir)) is not None:
         return ExitCode.HANG_CANCELLED
     return {
         "COMPLETED": ExitCode.OK,

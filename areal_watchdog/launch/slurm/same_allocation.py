@@ -19,6 +19,7 @@ from pathlib import Path
 
 from areal_watchdog.common.atomic import read_json, write_json_atomic
 from areal_watchdog.launch.slurm.node import NodeJob
+from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.layout import ENV_RUN_ID, RunLayout
 
 ENV_PREFIX = "AREAL_WATCHDOG_"
@@ -63,11 +64,11 @@ def await_decision(run_dir: Path, timeout: float = DECISION_TIMEOUT) -> int:
     """In the batch script: 0 to run the step again, 1 to end the job. Only a hang the
     watchdog ended (its cancel record) is waited for, at most ``timeout`` seconds."""
     layout, job_id = RunLayout(run_dir), os.environ.get("SLURM_JOB_ID", "")
-    cancelled = read_json(layout.cancel_file)
-    if not isinstance(cancelled, dict):
+    request = HangRequest.read(layout)
+    if request is None:
         return 1
     write_json_atomic(layout.attempt_ended_file, {"job_id": job_id, "time": time.time(),
-                                                  "run_id": cancelled.get("run_id")})  # fmt: skip
+                                                  "run_id": request.run_id})  # fmt: skip
     print(f"[areal-watchdog] the step ended after a hang: waiting for areal-launch's decision "
           f"(at most {timeout:g} s)", flush=True)  # fmt: skip
     deadline = time.monotonic() + timeout
@@ -76,7 +77,7 @@ def await_decision(run_dir: Path, timeout: float = DECISION_TIMEOUT) -> int:
         if (
             isinstance(answer, dict)
             and answer.get("job_id") == job_id
-            and answer.get("run_id") != cancelled.get("run_id")
+            and answer.get("run_id") != request.run_id
         ):
             print(f"[areal-watchdog] areal-launch says: {answer.get('decision')}", flush=True)
             return 0 if answer.get("decision") == "resume" else 1

@@ -1,5 +1,5 @@
 """``on_hang: resume``: after the report, the job is ended and started again, as
-``resume_policy`` decides, until it completes or the policy stops.
+``recover.policy`` decides, until it completes or the policy stops.
 
 Before a resume, the hung step is replayed on one node when the run dumped it (this one; on
 Slurm one of a one-node allocation: ``replay_decides``): a step that hangs the same way is
@@ -22,17 +22,18 @@ from typing import Any, TextIO
 
 from areal_watchdog.common.atomic import read_json, write_json_atomic, write_text_atomic
 from areal_watchdog.config.model import JobConfig
+from areal_watchdog.config.sinks import SinkSpec
 from areal_watchdog.launch.backend import Backend
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.plan import LaunchPlan
-from areal_watchdog.launch.replay_decides import ReplayFinding, replay_decides
-from areal_watchdog.launch.resume_checks import ENV_ATTEMPT, ENV_LAST_STEP
-from areal_watchdog.launch.resume_policy import Decision, Hang, decide
 from areal_watchdog.launch.slurm.jobs import cluster_nodes
 from areal_watchdog.launch.slurm.replay import SlurmReplayHost
-from areal_watchdog.notify.recovery import send_recovery
-from areal_watchdog.notify.sinks import SinkSpec
+from areal_watchdog.recover.checks import ENV_ATTEMPT, ENV_LAST_STEP
+from areal_watchdog.recover.notices import send_recovery
+from areal_watchdog.recover.policy import Decision, Hang, decide
+from areal_watchdog.recover.replay_decides import ReplayFinding, replay_decides
 from areal_watchdog.report.build import iso
+from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.incidents import newest_report
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.trajectory.areal_replay import recover_info_dir, recovered_step
@@ -227,10 +228,10 @@ def _resumed_plan(
 def _newest_hang(layout: RunLayout, since: float) -> tuple[str | None, dict[str, Any] | None]:
     """The incident that ended this attempt: as the sidecar recorded its cancel, else the
     newest report written since the attempt started (a full disk may have kept both away)."""
-    cancel = read_json(layout.cancel_file)
-    if isinstance(cancel, dict) and isinstance(cancel.get("incident_id"), str):
-        incident_id = cancel["incident_id"]
-        return incident_id, read_json(layout.incidents_dir / incident_id / "report.json")
+    request = HangRequest.read(layout)
+    if request is not None:
+        incident = layout.incidents_dir / request.incident_id
+        return request.incident_id, read_json(incident / "report.json")
     return newest_report(layout, since)
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from areal_watchdog.common.redact import Redactor
+from areal_watchdog.config.sinks import SinkSpec
 from areal_watchdog.notify.delivery import deliver, delivery_id
 from areal_watchdog.notify.envelope import ENVELOPE_SCHEMA, encode
 from areal_watchdog.notify.notifier import resolve_all, secret_values
-from areal_watchdog.notify.sinks import SinkSpec
 from areal_watchdog.notify.spool import Spool
 from areal_watchdog.report.build import iso
 

@@ -20,10 +20,10 @@ from typing import Any, Protocol, TextIO
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.rankset import format_ranks
 from areal_watchdog.config.model import JobConfig
-from areal_watchdog.launch.bisect import Bisection, bisect
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.local import LocalBackend
-from areal_watchdog.launch.resume_policy import Hang
+from areal_watchdog.recover.bisect import Bisection, bisect
+from areal_watchdog.recover.policy import Hang
 from areal_watchdog.rundir.incidents import newest_report
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.trajectory.format import ENV_REPLAY_DIR, DumpError, complete_steps
@@ -60,7 +60,7 @@ class Replayed:
 
 @dataclass(frozen=True)
 class ReplayFinding:
-    """What the replays said about a hang: the policy's input (``resume_policy.decide``)."""
+    """What the replays said about a hang: the policy's input (``policy.decide``)."""
 
     step: int | None
     same_hang: bool  # the whole step replayed and hung the same way

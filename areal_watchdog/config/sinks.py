@@ -7,6 +7,8 @@ is safe to write to disk; ``resolve`` reads the values when a request is about t
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import stat
 from dataclasses import asdict, dataclass
@@ -14,7 +16,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from areal_watchdog.config.checks import Checker, default
-from areal_watchdog.notify.envelope import secret_key
 
 SINK_TYPES = ("slack", "webhook")
 _SECRET_FIELDS = {"slack": ("webhook_url", "token"), "webhook": ("url", "secret")}
@@ -195,3 +196,13 @@ def _read_secret_file(path: str, name: str, field: str) -> str:
         )
     with open(path, encoding="utf-8") as fh:
         return fh.read()
+
+
+def secret_key(secret: str) -> bytes:
+    """The HMAC key: a Standard Webhooks ``whsec_`` secret is base64; anything else is text."""
+    if secret.startswith("whsec_"):
+        try:
+            return base64.b64decode(secret[len("whsec_") :], validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("a whsec_ secret must be base64 after 'whsec_'") from None
+    return secret.encode("utf-8")

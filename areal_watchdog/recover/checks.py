@@ -5,7 +5,7 @@ the job can be resumed at all (one-line errors), whether its rows could be named
 from __future__ import annotations
 
 from areal_watchdog.common.errors import UserError
-from areal_watchdog.config.model import JobConfig
+from areal_watchdog.config.model import HangAction, JobConfig
 from areal_watchdog.launch.slurm.replay import NEW_ALLOCATION
 from areal_watchdog.trajectory.quarantine import ENV_QUARANTINE
 
@@ -25,7 +25,7 @@ _SLURM_RESUME = {  # where a resume runs on Slurm, by launch mode (or resume.all
 def check_resumable(config: JobConfig, backend: str, mode: str, wait: bool = True) -> None:
     """Refuse, in one line, a resume this release cannot do yet, or one that would start an
     AReaL job from its first step."""
-    if config.watchdog.on_hang != "resume":
+    if config.watchdog.on_hang is not HangAction.RESUME:
         return
     if backend == "ray":
         raise UserError(

@@ -1,0 +1,64 @@
+"""The layers of docs/architecture.md, checked: a package imports only packages below it (at
+module level; an import inside a function is a cycle held apart, and counts too), and the
+sidecar knows no backend."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import REPO
+
+PACKAGE = REPO / "areal_watchdog"
+# Lowest first; packages on one line sit side by side and never import each other.
+LAYERS = [
+    ["common"],
+    ["config"],
+    ["rundir"],
+    ["evidence", "trajectory"],
+    ["rank", "diagnose"],
+    ["report"],
+    ["notify"],
+    ["watch", "launch"],
+    ["recover"],
+    ["doctor"],
+    ["cli", "__init__"],
+]
+LEVEL = {name: level for level, names in enumerate(LAYERS) for name in names}
+
+
+def imports(path: Path) -> set[str]:
+    """The areal_watchdog packages one module imports, wherever in it."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        found |= {n.split(".")[1] for n in names if n.startswith("areal_watchdog.")}
+    return found
+
+
+def package_of(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).parts
+    return parts[0] if len(parts) > 1 else path.stem
+
+
+def test_no_package_imports_one_above_or_beside_it() -> None:
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = package_of(path)
+        assert source in LEVEL, f"{source}: a new package needs its place in LAYERS"
+        for target in imports(path) - {source}:
+            if LEVEL[target] >= LEVEL[source]:
+                upward.append(f"{path.relative_to(REPO)} imports {target}")
+    assert upward == []
+
+
+def test_the_sidecar_knows_no_backend() -> None:
+    """The sidecar acts on a scheduler only through the command the backend recorded."""
+    for path in sorted((PACKAGE / "watch").glob("*.py")):
+        text = path.read_text()
+        assert "launch" not in imports(path), path.name
+        assert "scancel" not in text and "SLURM_" not in text, path.name
