@@ -39,7 +39,7 @@ from areal_watchdog.diagnose.render import verdict_dict, verdict_text
 from areal_watchdog.doctor.command import cmd_doctor
 from areal_watchdog.doctor.hint import with_doctor_hint
 from areal_watchdog.evidence import offline
-from areal_watchdog.launch.backend import backend
+from areal_watchdog.launch.backend import backend_class, backend_names
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.local import LocalBackend
 from areal_watchdog.launch.slurm.jobs import cancel_job, job_state, recorded_job_id, resolve_job
@@ -54,9 +54,6 @@ from areal_watchdog.rundir.secure import check_run_dir, private_dir_problem
 from areal_watchdog.trajectory.replay_plan import ReplayRequest, plan_replay_config
 
 COMMANDS = (
-    "local",
-    "slurm",
-    "ray",
     "status",
     "cancel",
     "replay",
@@ -142,23 +139,21 @@ def run_preflight(config: JobConfig, watchdog: bool, ignore: bool) -> None:
 def cmd_launch(name: str, argv: list[str], watchdog: bool) -> int:
     """``local``, ``slurm`` and ``ray``: one path for every backend, the dry run included."""
     parser = _launch_parser(name)
-    if name == "slurm":
-        parser.add_argument(
-            "--wait", action="store_true", help="follow the job; the exit code says how it ended"
-        )
+    kind = backend_class(name)
+    kind.add_arguments(parser)
     args = parser.parse_intermixed_args(argv)
     config = load_config(args.config, args.overrides)
     enabled = watchdog or args.watchdog or config.watchdog.enabled
     run_preflight(config, enabled, args.ignore_preflight)
-    target = backend(name, wait=getattr(args, "wait", False))
+    target = kind.from_args(args)
     plan = target.plan(config, enabled)
     resuming = enabled and config.watchdog.on_hang is HangAction.RESUME
     if resuming:
-        check_resumable(config, name, plan.mode, getattr(args, "wait", False))
+        check_resumable(config, target.recovery, plan.mode)
         warning = tokenizer_warning(config, plan.mode)
         if warning:
             print(f"[areal-launch] warning: {warning}", file=sys.stderr)
-        plan = replace(plan, notes=[*plan.notes, *resume_notes(config, plan.mode, name)])
+        plan = replace(plan, notes=[*plan.notes, *resume_notes(config, plan.mode, target.recovery)])
     if args.dry_run:
         print(with_doctor_hint(plan, config, enabled).render())
         return 0
@@ -346,9 +341,6 @@ def cmd_diagnose(argv: list[str], _watchdog: bool) -> int:
 
 
 HANDLERS: dict[str, Callable[[list[str], bool], int]] = {
-    "local": lambda argv, watchdog: cmd_launch("local", argv, watchdog),
-    "slurm": lambda argv, watchdog: cmd_launch("slurm", argv, watchdog),
-    "ray": lambda argv, watchdog: cmd_launch("ray", argv, watchdog),
     "status": cmd_status,
     "cancel": cmd_cancel,
     "replay": cmd_replay,
@@ -369,10 +361,13 @@ def main(argv: list[str] | None = None) -> int:
     top.add_argument(
         "--watchdog", action="store_true", help="start a watchdog sidecar on every node of the job"
     )
-    top.add_argument("command", choices=COMMANDS)
+    backends = backend_names()
+    top.add_argument("command", choices=[*backends, *COMMANDS])
     top.add_argument("rest", nargs=argparse.REMAINDER)
     args = top.parse_args(argv)
     try:
+        if args.command in backends:
+            return cmd_launch(args.command, args.rest, args.watchdog)
         return HANDLERS[args.command](args.rest, args.watchdog)
     except UserError as exc:
         print(f"areal-launch: error: {exc}", file=sys.stderr)

@@ -62,3 +62,33 @@ def test_the_sidecar_knows_no_backend() -> None:
         text = path.read_text()
         assert "launch" not in imports(path), path.name
         assert "scancel" not in text and "SLURM_" not in text, path.name
+
+
+def test_no_module_cycle_even_through_imports_inside_functions() -> None:
+    modules = {
+        ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in PACKAGE.rglob("*.py")
+    }
+    edges = {name: module_imports(path, modules) - {name} for name, path in modules.items()}
+    cycles = []
+    for start in edges:  # every module reachable back to itself is in a cycle
+        seen, todo = set(), list(edges[start])
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo += edges[name]
+        if start in seen:
+            cycles.append(start)
+    assert cycles == []
+
+
+def module_imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of ours one module imports (``from a.b import c`` may name module a.b.c)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+    return found & modules.keys()

@@ -141,6 +141,25 @@ class WatchdogSection:
         object.__setattr__(self, "on_hang", HangAction(self.on_hang))
 
 
+# watchdog.<section>.<key> in the YAML is the field <section>_<key>; the one exception:
+YAML_SECTIONS = ("gpu", "trajectory", "resume")
+YAML_NAMES = {"trajectory_dump": "trajectory.enabled"}
+
+
+def watchdog_keys() -> dict[str, set[str]]:
+    """The keys ``watchdog`` accepts, by section ("" for its own), derived from the fields of
+    ``WatchdogSection``: a new key is a new field."""
+    keys: dict[str, set[str]] = {"": set(YAML_SECTIONS), **{s: set() for s in YAML_SECTIONS}}
+    for name in WatchdogSection.__dataclass_fields__:
+        path = YAML_NAMES.get(name, name)
+        section, _, key = path.partition(".") if "." in path else path.partition("_")
+        if section in YAML_SECTIONS and key:
+            keys[section].add(key)
+        else:
+            keys[""].add(path)
+    return keys
+
+
 @dataclass(frozen=True)
 class JobConfig:
     """A validated configuration: AReaL keys, our two sections and the resolved raw tree."""

@@ -27,6 +27,7 @@ from areal_watchdog.config.model import (
     LaunchSection,
     RaySection,
     WatchdogSection,
+    watchdog_keys,
 )
 from areal_watchdog.config.sinks import parse_sinks
 
@@ -36,16 +37,9 @@ LAUNCH_KEYS = {
     "ray", "run_dir_mode",
 }  # fmt: skip
 RAY_KEYS = {"address", "nodes", "cpus_per_node", "gpus_per_node"}
-WATCHDOG_KEYS = {
-    "enabled", "stall_timeout", "startup_timeout", "teardown_timeout", "poll_interval",
-    "step_regex", "log_files", "on_hang", "auto_factor", "auto_min_timeout", "dump_timeout",
-    "stack_method", "crash_grace", "flight_recorder", "gpu", "node_timeout", "evidence_timeout",
-    "debug_env", "notify", "spool_retry_interval", "trajectory", "confirm_after", "resume",
-    "cancel_after",
-}  # fmt: skip
-GPU_KEYS = {"backend", "recording", "idle_utilization", "spin_power_fraction", "idle_timeout"}
-TRAJECTORY_KEYS = {"enabled", "max_keep", "pin_steps", "dump_steps"}
-RESUME_KEYS = {"max_attempts", "backoff", "max_replays", "allocation"}
+_KEYS = watchdog_keys()
+WATCHDOG_KEYS, GPU_KEYS = _KEYS[""], _KEYS["gpu"]
+TRAJECTORY_KEYS, RESUME_KEYS = _KEYS["trajectory"], _KEYS["resume"]
 # watchdog.<key> (or watchdog.gpu.<key>) -> the smallest value that makes sense
 SECONDS = {
     "startup_timeout": 1e-9,

@@ -39,14 +39,23 @@ def verdict_text(verdict: Verdict) -> str:
     if verdict.groups:
         lines.append("stack groups:")
         lines += [f"  ranks {format_ranks(g.ranks)}: {g.kind}, {g.where}" for g in verdict.groups]
-    record = verdict.collectives
-    if record:
+    if verdict.collectives:
         lines.append("collective record:")
-        for group in record["groups"]:
-            lines.append(f"  group {group['group']}: {'; '.join(group['table'])}")
-            if group["kind"] in ("mismatch", "missing"):
-                lines.append(f"    {group['description']}")
-        if record.get("ranks_without_trace"):
-            lines.append(f"  no dump from ranks {format_ranks(record['ranks_without_trace'])}")
-        lines.append(f"  {record['agreement']}")
+        lines += [
+            "  " * (depth + 1) + line for depth, line in collective_lines(verdict.collectives)
+        ]
     return "\n".join(lines)
+
+
+def collective_lines(record: dict[str, Any]) -> list[tuple[int, str]]:
+    """The collective record for people, as (depth, line): the terminal indents them,
+    report.md makes them bullets."""
+    lines = []
+    for group in record["groups"]:
+        lines.append((0, f"group {group['group']}: {'; '.join(group['table'])}"))
+        if group["kind"] in ("mismatch", "missing"):
+            lines.append((1, group["description"]))
+    if record.get("ranks_without_trace"):
+        lines.append((0, f"no trace from ranks {format_ranks(record['ranks_without_trace'])}"))
+    lines.append((0, record["agreement"]))
+    return lines

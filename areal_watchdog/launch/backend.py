@@ -1,20 +1,47 @@
 """One interface for every backend: ``plan`` builds a plain LaunchPlan (``--dry-run`` prints
 it), ``execute`` runs that same object. As in torchx's ``schedule(submit_dryrun(...))``, what
-the user reviews is exactly what runs."""
+the user reviews is exactly what runs.
+
+A backend is found by name in ``BACKENDS``, or in the ``areal_watchdog.backends`` entry points
+of an installed package: a new backend is one subpackage and one registration
+(docs/architecture.md). Everything else asks the backend what it can do (its ``recovery``),
+never tests its name."""
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import importlib.metadata
 from typing import Protocol, TextIO
 
+from areal_watchdog.common.errors import UserError
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.plan import LaunchPlan
+from areal_watchdog.launch.recovery import Recovery
+
+ENTRY_POINTS = "areal_watchdog.backends"
+BACKENDS = {  # name -> "module:class"
+    "local": "areal_watchdog.launch.local:LocalBackend",
+    "slurm": "areal_watchdog.launch.slurm.backend:SlurmBackend",
+    "ray": "areal_watchdog.launch.ray.backend:RayBackend",
+}
 
 
 class Backend(Protocol):
     """A place to run a job: this machine, a Slurm cluster, ..."""
 
     name: str
-    allocation: str | None  # Slurm: the job whose allocation a resume runs in (allocation: same)
+    recovery: Recovery  # what on_hang: resume may ask of it
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Its own options of ``areal-launch NAME`` (Slurm: ``--wait``)."""
+        ...
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Backend:
+        """The backend for one launch, from the parsed command line."""
+        ...
 
     def plan(self, config: JobConfig, watchdog: bool, run_id: str | None = None) -> LaunchPlan:
         """Everything the launch will do; raises ConfigError before anything exists."""
@@ -29,17 +56,19 @@ class Backend(Protocol):
         ...
 
 
-def backend(name: str, wait: bool = False) -> Backend:
-    """The backend called ``name`` (``local``, ``slurm`` or ``ray``; ``wait``: follow a
-    submitted job)."""
-    if name == "ray":
-        from areal_watchdog.launch.ray.backend import RayBackend
+def backend_names() -> list[str]:
+    """Every backend ``areal-launch`` offers: ours, then the installed packages'."""
+    found = importlib.metadata.entry_points(group=ENTRY_POINTS)
+    return [*BACKENDS, *sorted(e.name for e in found if e.name not in BACKENDS)]
 
-        return RayBackend()
-    if name == "slurm":
-        from areal_watchdog.launch.slurm.backend import SlurmBackend
 
-        return SlurmBackend(wait)
-    from areal_watchdog.launch.local import LocalBackend
-
-    return LocalBackend()
+def backend_class(name: str) -> type[Backend]:
+    """The backend registered as ``name``."""
+    target = BACKENDS.get(name)
+    if target is None:
+        found = [e for e in importlib.metadata.entry_points(group=ENTRY_POINTS) if e.name == name]
+        if not found:
+            raise UserError(f"no backend named {name!r} (installed: {', '.join(backend_names())})")
+        return found[0].load()
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)

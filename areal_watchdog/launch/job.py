@@ -13,6 +13,7 @@ import yaml
 from areal_watchdog.common.atomic import write_text_atomic
 from areal_watchdog.common.mask import ENV_MASKED
 from areal_watchdog.common.redact import REDACTED, SECRET_NAME, Redactor
+from areal_watchdog.common.roles import SIDECAR_MODULE
 from areal_watchdog.config.debug_env import render_debug_env
 from areal_watchdog.config.entrypoint import resolve_entrypoint
 from areal_watchdog.config.model import JobConfig
@@ -72,6 +73,12 @@ def rank_command(config: JobConfig, layout: RunLayout, watchdog: bool) -> list[s
     if watchdog:
         return ["-m", "areal_watchdog.rank.main", *tail]
     return tail if entry.endswith(".py") else ["-m", *tail]
+
+
+def sidecar_command(python: str, run_dir: str | Path, *where: str) -> list[str]:
+    """The one command line of a sidecar; ``where``: ``--node NODE`` (and ``--ray``), or
+    ``--node-from-scheduler`` (and ``--standby``)."""
+    return [python, "-m", SIDECAR_MODULE, "--run-dir", str(run_dir), *where]
 
 
 def launch_files(

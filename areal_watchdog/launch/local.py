@@ -7,6 +7,7 @@ clean shutdown of every process on exit, Ctrl-C, SIGHUP or ``on_hang: cancel``.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -22,7 +23,6 @@ from typing import TextIO
 
 from areal_watchdog.common.atomic import open_append, read_json, write_json_atomic
 from areal_watchdog.common.mask import Mask
-from areal_watchdog.common.roles import SIDECAR_MODULE
 from areal_watchdog.config.entrypoint import launch_mode
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.areal import ArealJob, plan_areal
@@ -33,10 +33,12 @@ from areal_watchdog.launch.job import (
     launch_files,
     prepare_run_dir,
     rank_command,
+    sidecar_command,
     stale_state,
 )
 from areal_watchdog.launch.plan import Gate, LaunchPlan, ProcessSpec
 from areal_watchdog.launch.processes import Interrupts, OutputPump, start, stop_job
+from areal_watchdog.launch.recovery import Recovery
 from areal_watchdog.launch.torchrun import standalone, torchrun_command
 from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.job_mask import job_mask
@@ -52,7 +54,15 @@ class LocalBackend:
     """torchrun and a sidecar on this machine."""
 
     name = "local"
-    allocation = None  # nothing kept between a hang and a resume
+    recovery = Recovery()  # nothing kept between a hang and a resume, the replay on this node
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """No options of its own."""
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> LocalBackend:
+        return cls()
 
     def plan(self, config: JobConfig, watchdog: bool, run_id: str | None = None) -> LaunchPlan:
         """Plan a single-node launch; raises ConfigError before anything starts."""
@@ -78,8 +88,7 @@ class LocalBackend:
         )
         processes = list(job.processes)
         if watchdog:
-            sidecar = [config.launch.python, "-m", SIDECAR_MODULE]
-            sidecar += ["--run-dir", str(layout.run_dir), "--node", node]
+            sidecar = sidecar_command(config.launch.python, layout.run_dir, "--node", node)
             processes.append(ProcessSpec("watchdog", sidecar, kind="watchdog"))
         return LaunchPlan(
             backend=self.name,

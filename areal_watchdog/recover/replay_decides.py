@@ -15,7 +15,7 @@ import io
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.rankset import format_ranks
@@ -28,7 +28,7 @@ from areal_watchdog.rundir.incidents import newest_report
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.trajectory.format import ENV_REPLAY_DIR, DumpError, complete_steps
 from areal_watchdog.trajectory.quarantine import QuarantinedRow, add_rows
-from areal_watchdog.trajectory.replay_plan import ReplayRequest, plan_replay_config
+from areal_watchdog.trajectory.replay_plan import ReplayHost, ReplayRequest, plan_replay_config
 
 QUIET = ("++watchdog.on_hang=cancel", "++watchdog.notify=[]")
 
@@ -69,16 +69,6 @@ class ReplayFinding:
     quarantined: list[QuarantinedRow] = field(default_factory=list)
     stop: bool = False  # a resume would hang the same way again: nothing to leave out
     narrowed: dict[str, Any] | None = None  # what the bisection narrowed, for the record
-
-
-class ReplayHost(Protocol):
-    """Where a replay runs."""
-
-    where: str
-
-    def run(self, request: ReplayRequest) -> tuple[int, str, str]:
-        """The replay to its end: (its exit code, its run directory, its terminal output)."""
-        ...
 
 
 class LocalReplayHost:

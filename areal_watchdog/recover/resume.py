@@ -26,8 +26,6 @@ from areal_watchdog.config.sinks import SinkSpec
 from areal_watchdog.launch.backend import Backend
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.plan import LaunchPlan
-from areal_watchdog.launch.slurm.jobs import cluster_nodes
-from areal_watchdog.launch.slurm.replay import SlurmReplayHost
 from areal_watchdog.recover.checks import ENV_ATTEMPT, ENV_LAST_STEP
 from areal_watchdog.recover.notices import send_recovery
 from areal_watchdog.recover.policy import Decision, Hang, decide
@@ -99,10 +97,10 @@ def _resume_loop(target: Backend, config: JobConfig, plan: LaunchPlan, out: Text
         entry = _entry(len(hangs), wd.resume_max_attempts, hangs[-1], decision, report)
         entry.update(_replayed(finding, config, hangs[-1], decision))
         transient = decision.resume and not (finding and finding.same_hang)
-        if target.name == "slurm" and transient and target.allocation is None:
-            excluded |= _named_nodes(report)  # transient or hardware: not on those nodes again
+        if transient and target.recovery.leaves_out_nodes():  # not on those nodes again
+            excluded |= target.recovery.known_nodes(_named_nodes(report))
         entry["nodes_excluded"] = sorted(excluded)
-        entry["allocation"] = _allocation(target)
+        entry["allocation"] = target.recovery.allocation()
         record.add(entry)
         _say(out, decision.reason)
         if isinstance(report, dict):  # the disk took it: the report and the sinks hear it
@@ -114,13 +112,6 @@ def _resume_loop(target: Backend, config: JobConfig, plan: LaunchPlan, out: Text
             record.end("interrupted before resuming")
             return ExitCode.INTERRUPTED
         plan = _resumed_plan(target, config, len(hangs), hangs[-1].step, excluded)
-
-
-def _allocation(target: Backend) -> str | None:
-    """Where a Slurm job resumes: a new allocation, or the one it kept (its job id)."""
-    if target.name != "slurm":
-        return None
-    return f"same (job {target.allocation})" if target.allocation else "new"
 
 
 def _ended(code: int, hangs: int, record: _Record, out: TextIO) -> int:
@@ -137,15 +128,15 @@ def _decide(
     out: TextIO, target: Backend, excluded: set[str],
 ) -> tuple[Decision, ReplayFinding | None]:  # fmt: skip
     """The policy's decision, the replays' finding first when it may resume (a stop needs
-    no replay). On Slurm the replays run on none of the nodes the run's hangs named
-    (``excluded``, this one's too): in the job's kept allocation, else in one of their own."""
+    no replay). The replays run where the backend says, on none of the nodes the run's hangs
+    named (``excluded``, this one's too): on Slurm in the job's kept allocation, else in one
+    of their own."""
     wd = config.watchdog
     decision = decide(hangs, wd.resume_max_attempts, wd.resume_backoff)
     if not decision.resume:
         return decision, None
-    host = None
-    if target.name == "slurm":
-        host = SlurmReplayHost(config, excluded | _named_nodes(report), target.allocation)
+    avoid = excluded | target.recovery.known_nodes(_named_nodes(report))
+    host = target.recovery.replay_host(config, avoid)
     finding = replay_decides(config, layout.run_dir, hangs[-1], report, out, host)
     note, stops = (finding.note, finding.stop) if finding else (None, False)
     return decide(hangs, wd.resume_max_attempts, wd.resume_backoff, note, stops), finding
@@ -197,30 +188,24 @@ def _left_out(layout: RunLayout, record: _Record, run_id: str) -> None:
 
 
 def _named_nodes(report: dict[str, Any] | None) -> set[str]:
-    """The Slurm nodes a hang's evidence names: its culprits' and the ones that stopped
-    answering; never this host, which runs the launcher (and AReaL's controller), not the
-    job's ranks, nor a name the cluster does not know (sbatch refuses the whole job then)."""
+    """The nodes a hang's evidence names: its culprits' and the ones that stopped answering;
+    never this host, which runs the launcher (and AReaL's controller), not the job's ranks."""
     report = report or {}
     names = [*(report.get("culprit_nodes") or []), *(report.get("unanswered_nodes") or [])]
-    named = {n for n in names if isinstance(n, str) and n} - {socket.gethostname()}
-    return named & cluster_nodes() if named else named
+    return {n for n in names if isinstance(n, str) and n} - {socket.gethostname()}
 
 
 def _resumed_plan(
     target: Backend, config: JobConfig, attempt: int, step: int | None, excluded: set[str]
 ) -> LaunchPlan:
-    """The same launch with the resume variables (and the quarantine, when there is one), on
-    Slurm without the ``excluded`` nodes; the run's recovery record is kept."""
+    """The same launch with the resume variables (and the quarantine, when there is one),
+    without the ``excluded`` nodes; the run's recovery record is kept."""
     env = {**config.launch.env, ENV_ATTEMPT: str(attempt), ENV_LAST_STEP: str(step or 0)}
     quarantine = RunLayout(config.run_dir.resolve()).quarantine_file
     if quarantine.is_file():
         env[ENV_QUARANTINE] = str(quarantine)
-    slurm = dict(config.launch.slurm)
-    if excluded:
-        given = {n for n in str(slurm.get("exclude") or "").split(",") if n}
-        slurm["exclude"] = ",".join(sorted(given | excluded))
-    launch = replace(config.launch, env=env, slurm=slurm)
-    plan = target.plan(replace(config, launch=launch), watchdog=True)
+    resumed = replace(config, launch=replace(config.launch, env=env))
+    plan = target.plan(target.recovery.without_nodes(resumed, excluded), watchdog=True)
     keep = str(RunLayout(Path(plan.run_dir)).recovery_file)
     return replace(plan, reset_paths=[p for p in plan.reset_paths if p != keep])
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from areal_watchdog.common.rankset import format_ranks, worker_label
+from areal_watchdog.diagnose.render import collective_lines
 from areal_watchdog.report.build import SERVER_FIELDS
 
 
@@ -117,14 +118,7 @@ def _collectives(report: dict[str, Any]) -> list[str]:
     if not collectives:
         return []
     lines = ["", "## Collectives (Flight Recorder)", ""]
-    for group in collectives["groups"]:
-        lines.append(f"- group {group['group']}: {'; '.join(group['table'])}")
-        if group["kind"] in ("mismatch", "missing"):
-            lines.append(f"  - {group['description']}")
-    if collectives.get("ranks_without_trace"):
-        lines.append(f"- no trace from ranks {format_ranks(collectives['ranks_without_trace'])}")
-    lines.append(f"- {collectives['agreement']}")
-    return lines
+    return lines + ["  " * depth + f"- {line}" for depth, line in collective_lines(collectives)]
 
 
 ROLLOUT_SIDE = ("rollout_stalled", "weight_sync_stuck")  # verdicts a replay cannot reproduce

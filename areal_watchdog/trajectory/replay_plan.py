@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Protocol
 
 from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.errors import UserError
@@ -58,6 +59,16 @@ class ReplayRequest:
     overrides: tuple[str, ...] = ()
     groups: tuple[int, ...] | None = None  # only these groups of the step's global batch
     groups_of: int | None = None  # ... of this step's batch instead (one that trained)
+
+
+class ReplayHost(Protocol):
+    """Where a replay runs."""
+
+    where: str
+
+    def run(self, request: ReplayRequest) -> tuple[int, str, str]:
+        """The replay to its end: (its exit code, its run directory, its terminal output)."""
+        ...
 
 
 def incident_time(layout: RunLayout) -> float | None:

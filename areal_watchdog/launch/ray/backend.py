@@ -10,10 +10,10 @@ connected to Ray first (``rank.ray_controller``), and AReaL's ``RayScheduler`` p
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -24,7 +24,10 @@ from areal_watchdog.launch.areal import areal_environment, plan_areal, script_co
 from areal_watchdog.launch.job import job_environment, launch_files, rank_command, stale_state
 from areal_watchdog.launch.plan import LaunchPlan, ProcessSpec
 from areal_watchdog.launch.ray.cluster import OwnCluster
-from areal_watchdog.launch.ray.sidecars import sidecar_command
+from areal_watchdog.launch.ray.run import RayRun
+from areal_watchdog.launch.ray.sidecars import ray_sidecar_command
+from areal_watchdog.launch.ray.submission import RaySubmission
+from areal_watchdog.launch.recovery import Recovery
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
 
@@ -37,21 +40,29 @@ SPMD_LAUNCHER = "areal.infra.launcher.ray"  # AReaL's Ray launcher (SPMD)
 CONTROLLER_MODULE = "areal_watchdog.rank.ray_controller"  # ray.init(), then the script
 
 
-@dataclass(frozen=True)
-class RaySubmission:
-    """What execution needs beyond the processes: where the Jobs API is, the own cluster."""
+class RayRecovery(Recovery):
+    """A resume is not on Ray yet."""
 
-    address: str
-    cluster: OwnCluster | None
-    submission_id: str
-    python: str
+    def refusal(self, config: JobConfig, mode: str) -> str | None:
+        return (
+            "watchdog.on_hang: resume is not on the ray backend yet; use on_hang: cancel (or "
+            "report) there"
+        )
 
 
 class RayBackend:
     """A Ray job through the Jobs API; the driver places the sidecars."""
 
     name = "ray"
-    allocation = None  # nothing kept between a hang and a resume
+    recovery = RayRecovery()
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """No options of its own."""
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RayBackend:
+        return cls()
 
     def plan(self, config: JobConfig, watchdog: bool, run_id: str | None = None) -> LaunchPlan:
         """Plan a Ray launch; raises ConfigError before anything starts."""
@@ -83,8 +94,6 @@ class RayBackend:
 
     def execute(self, plan: LaunchPlan, out: TextIO = sys.stdout) -> int:
         """Run the plan to the end and return areal-launch's exit code."""
-        from areal_watchdog.launch.ray.run import RayRun
-
         return RayRun(plan, out).run()
 
     def release(self) -> None:
@@ -110,7 +119,7 @@ def _processes(
     cwd = str(Path(entry).parent) if entry.endswith(".py") else None
     processes.append(ProcessSpec("job", [*driver, "--", *areal], env, cwd=cwd))
     if watchdog:
-        sidecar = sidecar_command(python, str(layout.run_dir), "<each Ray node>")
+        sidecar = ray_sidecar_command(python, str(layout.run_dir), "<each Ray node>")
         processes.append(ProcessSpec("watchdog", sidecar, kind="watchdog"))
     return processes
 

@@ -23,9 +23,9 @@ from areal_watchdog.launch.job import prepare_run_dir
 from areal_watchdog.launch.local import SIDECAR_FINISH_GRACE, cancel_verdict
 from areal_watchdog.launch.plan import LaunchPlan
 from areal_watchdog.launch.processes import Interrupts
-from areal_watchdog.launch.ray.backend import RaySubmission
 from areal_watchdog.launch.ray.guardian import start_guardian
 from areal_watchdog.launch.ray.jobs import ENDED, RayJobs, job_returncode
+from areal_watchdog.launch.ray.submission import RaySubmission
 from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout

@@ -19,7 +19,7 @@ from typing import Any
 
 from areal_watchdog.common.atomic import open_append
 from areal_watchdog.common.parent import die_with_parent
-from areal_watchdog.common.roles import SIDECAR_MODULE
+from areal_watchdog.launch.job import sidecar_command
 from areal_watchdog.rundir.layout import ENV_RAYLET, ENV_RUN_ID
 
 NAMESPACE = "areal-watchdog"
@@ -47,8 +47,9 @@ def live_nodes(nodes: list[dict[str, Any]]) -> list[RayNode]:
     ]
 
 
-def sidecar_command(python: str, run_dir: str, node: str) -> list[str]:
-    return [python, "-m", SIDECAR_MODULE, "--run-dir", run_dir, "--node", node, "--ray"]
+def ray_sidecar_command(python: str, run_dir: str, node: str) -> list[str]:
+    """The sidecar the driver places on one Ray node."""
+    return sidecar_command(python, run_dir, "--node", node, "--ray")
 
 
 class SidecarHost:
@@ -92,7 +93,7 @@ def place_sidecars(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
             runtime_env={"env_vars": {ENV_RUN_ID: ""}},  # the run's cleanup must not end it
         ).remote()  # fmt: skip
-        argv = sidecar_command(python, run_dir, node.name)
+        argv = ray_sidecar_command(python, run_dir, node.name)
         out = os.path.join(logs_dir, f"sidecar_{node.name}.out")
         pending[node.name] = actor.start.remote(argv, out)
     return {name: ray.get(ref, timeout=START_TIMEOUT_S) for name, ref in pending.items()}

@@ -35,11 +35,10 @@ from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
 from areal_watchdog.common.errors import ConfigError
-from areal_watchdog.common.roles import SIDECAR_MODULE
 from areal_watchdog.config.areal import parse_allocation
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.areal import SLURM_NODE, plan_areal
-from areal_watchdog.launch.job import job_environment, launch_files, stale_state
+from areal_watchdog.launch.job import job_environment, launch_files, sidecar_command, stale_state
 from areal_watchdog.launch.local import LocalBackend
 from areal_watchdog.launch.plan import LaunchPlan, ProcessSpec
 from areal_watchdog.launch.slurm.jobs import cancel_jobs
@@ -79,8 +78,7 @@ def plan_single_controller(config: JobConfig, watchdog: bool, run_id: str | None
     )  # fmt: skip
     processes = list(job.processes)
     if watchdog:
-        sidecar = [config.launch.python, "-m", SIDECAR_MODULE]
-        sidecar += ["--run-dir", str(layout.run_dir), "--node", host]
+        sidecar = sidecar_command(config.launch.python, layout.run_dir, "--node", host)
         processes.append(ProcessSpec("watchdog", sidecar, kind="watchdog"))
     return LaunchPlan(
         backend="slurm",
@@ -152,10 +150,9 @@ def job_prefix(config: JobConfig) -> str:
 def standby_command(python: str, layout: RunLayout) -> str:
     """The line every task of AReaL's jobs runs first: a standby sidecar in the background, its
     output in the run's logs (AReaL joins these lines with ``;``: the braces keep ``&`` legal)."""
-    sidecar = [python, "-m", SIDECAR_MODULE, "--run-dir", str(layout.run_dir)]
+    sidecar = sidecar_command(python, layout.run_dir, "--node-from-scheduler", "--standby")
     log = f"{shlex.quote(str(layout.logs_dir))}/sidecar_$SLURMD_NODENAME.out"
-    flags = ["--node-from-scheduler", "--standby"]
-    return f"{{ {shlex.join([*sidecar, *flags])} >> {log} 2>&1 < /dev/null & }}"
+    return f"{{ {shlex.join(sidecar)} >> {log} 2>&1 < /dev/null & }}"
 
 
 def _scheduling_specs(tree: dict[str, Any]) -> Iterator[dict[str, Any]]:

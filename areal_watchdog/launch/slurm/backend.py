@@ -8,6 +8,7 @@ values only Slurm knows shown as ``$SLURM_*``), and the sidecar command of the s
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import shutil
@@ -21,7 +22,6 @@ from typing import Any, TextIO
 
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.common.errors import UserError
-from areal_watchdog.common.roles import SIDECAR_MODULE
 from areal_watchdog.config.entrypoint import launch_mode
 from areal_watchdog.config.model import HangAction, JobConfig
 from areal_watchdog.launch.job import (
@@ -29,6 +29,7 @@ from areal_watchdog.launch.job import (
     launch_files,
     prepare_run_dir,
     rank_command,
+    sidecar_command,
     stale_state,
 )
 from areal_watchdog.launch.plan import LaunchPlan, ProcessSpec
@@ -44,7 +45,8 @@ from areal_watchdog.launch.slurm.jobs import (
     wait_for_job,
 )
 from areal_watchdog.launch.slurm.node import NodeJob
-from areal_watchdog.launch.slurm.options import validate_slurm
+from areal_watchdog.launch.slurm.options import container_prefix, validate_slurm
+from areal_watchdog.launch.slurm.recovery import SlurmRecovery
 from areal_watchdog.launch.slurm.same_allocation import attempt_ended, request
 from areal_watchdog.launch.slurm.scheduler_command import scheduler_command
 from areal_watchdog.rundir.launch_info import LaunchInfo
@@ -75,6 +77,17 @@ class SlurmBackend:
         self.wait = wait  # execute follows the job to its end (--wait)
         self.allocation: str | None = None  # the job kept after a hang (allocation: same)
         self._run_dir: Path | None = None
+        self.recovery = SlurmRecovery(self)
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--wait", action="store_true", help="follow the job; the exit code says how it ended"
+        )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SlurmBackend:
+        return cls(wait=args.wait)
 
     def plan(self, config: JobConfig, watchdog: bool, run_id: str | None = None) -> LaunchPlan:
         """Plan a Slurm launch; raises ConfigError before anything is created or submitted."""
@@ -192,31 +205,15 @@ def _node_processes(
         )  # fmt: skip
     )
     if watchdog:
+        sidecar = sidecar_command(config.launch.python, layout.run_dir, "--node-from-scheduler")
         processes.append(
             ProcessSpec(
                 "watchdog: one sidecar per node (the setup lines)",
-                [*prefix, *sidecar_command(config.launch.python, layout)],
+                [*prefix, *sidecar],
                 kind="watchdog",
             )
         )
     return processes
-
-
-def sidecar_command(python: str, layout: RunLayout) -> list[str]:
-    """The sidecar each node runs (the setup template starts it)."""
-    return [
-        python,
-        "-m",
-        SIDECAR_MODULE,
-        "--run-dir",
-        str(layout.run_dir),
-        "--node-from-scheduler",
-    ]
-
-
-def container_prefix(slurm: dict[str, Any]) -> list[str]:
-    prefix = slurm.get("container_prefix") or []
-    return shlex.split(prefix) if isinstance(prefix, str) else [str(p) for p in prefix]
 
 
 def _sbatch_parameters(
@@ -271,7 +268,7 @@ def _template_values(
     container = f"{shlex.join(prefix)} " if prefix else ""
     srun_args = "".join(f"{shlex.quote(str(a))} " for a in slurm.get("srun_args") or [])
     logs = shlex.quote(str(layout.logs_dir))
-    sidecar = shlex.join(sidecar_command(python, layout))
+    sidecar = shlex.join(sidecar_command(python, layout.run_dir, "--node-from-scheduler"))
     return {
         "run_dir": shlex.quote(str(layout.run_dir)),
         "logs_dir": logs,

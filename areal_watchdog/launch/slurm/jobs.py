@@ -15,6 +15,7 @@ from typing import Any
 from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.launch.exit_codes import ExitCode
+from areal_watchdog.launch.slurm.same_allocation import attempt_ended
 from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.rundir.secure import check_run_dir
@@ -102,8 +103,6 @@ def wait_for_job(
 ) -> int:
     """Follow a job to its end (``attempts``: or to the end of an attempt after a hang, its
     allocation kept); the exit code says how it ended (see docs/cli.md)."""
-    from areal_watchdog.launch.slurm.same_allocation import attempt_ended
-
     last, layout = None, RunLayout(run_dir)
     while True:
         state = job_state(job_id).get("JobState", "UNKNOWN")

@@ -14,13 +14,14 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from areal_watchdog.common.atomic import read_json, write_json_atomic
 from areal_watchdog.launch.gate import pass_gate
 from areal_watchdog.launch.plan import Gate
 from areal_watchdog.launch.slurm.jobs import expand_nodelist
+from areal_watchdog.launch.slurm.same_allocation import resumed_attempt
 from areal_watchdog.launch.torchrun import multi_node, torchrun_command
 from areal_watchdog.rundir.layout import ENV_NODE, RunLayout
 
@@ -94,11 +95,19 @@ def rendezvous_port(job_id: str) -> int:
     return 20_000 + int(job_id) % 20_000
 
 
+def resumed(job: NodeJob) -> NodeJob:
+    """The task of a resumed attempt: the run id and variables the launcher asked for."""
+    attempt = resumed_attempt(job.run_dir)
+    if attempt is None:
+        return job
+    run_id, extra = attempt
+    servers = job.servers and replace(job.servers, env={**job.servers.env, **extra})
+    return replace(job, run_id=run_id, env={**job.env, **extra}, servers=servers)
+
+
 def run_node(job: NodeJob) -> int:
     """Run this node's share to its end (torchrun, or AReaL's inference servers); raise on
     failure so Slurm sees it."""
-    from areal_watchdog.launch.slurm.same_allocation import resumed
-
     job = resumed(job)  # a step run again in the same allocation: the new attempt's
     node = os.environ["SLURMD_NODENAME"]
     nodes = slurm_nodes()

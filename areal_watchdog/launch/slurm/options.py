@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Any
 
 from areal_watchdog.common.errors import ConfigError
@@ -60,3 +61,8 @@ def validate_slurm(config: JobConfig) -> dict[str, Any]:
         )
     section["time"] = parse_time_minutes(section.get("time", 60), config.source)
     return section
+
+
+def container_prefix(slurm: dict[str, Any]) -> list[str]:
+    prefix = slurm.get("container_prefix") or []
+    return shlex.split(prefix) if isinstance(prefix, str) else [str(p) for p in prefix]

@@ -5,8 +5,8 @@ lines of ``templates/slurm_teardown_same_allocation.sh``) while the launcher, wh
 job, decides and replays on a node of the allocation; then it starts the sidecars and the job's
 step again (``resume``) or ends (``stop``). The decision travels as a file of the run
 directory: ``attempt_ended.json`` from the batch script, ``resume_request.json`` back. A resumed
-step reads the new attempt's run id and resume variables from it (``resumed``): the task
-submitit pickled at submission cannot change.
+step reads the new attempt's run id and resume variables from it (``resumed_attempt``): the
+task submitit pickled at submission cannot change.
 """
 
 from __future__ import annotations
@@ -14,11 +14,9 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from areal_watchdog.common.atomic import read_json, write_json_atomic
-from areal_watchdog.launch.slurm.node import NodeJob
 from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.layout import ENV_RUN_ID, RunLayout
 
@@ -41,17 +39,16 @@ def attempt_ended(layout: RunLayout, job_id: str) -> bool:
     return isinstance(record, dict) and record.get("job_id") == job_id
 
 
-def resumed(job: NodeJob) -> NodeJob:
-    """The task of a resumed attempt: the run id and variables the launcher asked for."""
-    record = read_json(RunLayout(Path(job.run_dir)).resume_request_file)
+def resumed_attempt(run_dir: str) -> tuple[str, dict[str, str]] | None:
+    """A resumed attempt's run id and the variables the launcher asked for (run id
+    included), or None when this job's step is its first attempt."""
+    record = read_json(RunLayout(Path(run_dir)).resume_request_file)
     if not isinstance(record, dict) or record.get("job_id") != os.environ.get("SLURM_JOB_ID"):
-        return job
+        return None
     run_id, env = record.get("run_id"), record.get("env")
     if not isinstance(run_id, str) or not run_id or not isinstance(env, dict):
-        return job
-    extra = {k: v for k, v in env.items() if _ours(k, v)} | {ENV_RUN_ID: run_id}
-    servers = job.servers and replace(job.servers, env={**job.servers.env, **extra})
-    return replace(job, run_id=run_id, env={**job.env, **extra}, servers=servers)
+        return None
+    return run_id, {k: v for k, v in env.items() if _ours(k, v)} | {ENV_RUN_ID: run_id}
 
 
 def _ours(key: object, value: object) -> bool:
