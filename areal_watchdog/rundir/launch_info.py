@@ -38,6 +38,8 @@ class LaunchInfo:
     # where a scheduler runs the job: the backend's command a sidecar runs to place itself and
     # to end the job when no launcher can (``watch.scheduler``); None: the launcher ends it
     scheduler_command: list[str] | None = None
+    # a backend that carries the ranks' output elsewhere names where (Ray: its driver's log)
+    step_logs: list[str] | None = None
 
     @classmethod
     def for_config(

@@ -340,8 +340,8 @@ def default_log_patterns(layout: RunLayout, info: LaunchInfo, first_node: str = 
     def rank0(node: str) -> str:
         return str(layout.torchrun_logs_dir / node / "*" / "attempt_*" / "0" / "std*.log")
 
-    if info.backend == "ray":  # the driver's output carries what Ray forwards from the ranks
-        return [str(layout.ray_driver_log), str(areal / "main.log")]
+    if info.step_logs:  # the backend's own (Ray's driver forwards the ranks' output)
+        return [*info.step_logs, str(areal / "main.log")]
     if info.mode == "single_controller":
         return [str(areal / "main.log")]
     if info.mode == "spmd":  # on Slurm rank 0 runs on the first node after the servers'

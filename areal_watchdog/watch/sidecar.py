@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +29,15 @@ from areal_watchdog.common.redact import Redactor
 from areal_watchdog.config.sinks import SinkSpec
 from areal_watchdog.evidence.discovery import Scope
 from areal_watchdog.evidence.gpu import GpuBackend, IdleTracker, NoGpu, open_backend
-from areal_watchdog.evidence.trigger import SILENCES, Trigger
 from areal_watchdog.notify.notifier import Notifier
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_RAYLET
 from areal_watchdog.rundir.secure import run_dir_owner
-from areal_watchdog.watch.coordination import ENDED_STATES, Coordinator
+from areal_watchdog.watch.coordination import Coordinator
 from areal_watchdog.watch.incident import Incidents, local_evidence
 from areal_watchdog.watch.job_end import JobEnd
 from areal_watchdog.watch.launcher_heartbeat import watch_heartbeat
+from areal_watchdog.watch.leader import Leader
 from areal_watchdog.watch.node import NodeWatch
 from areal_watchdog.watch.progress import (
     HeartbeatState,
@@ -49,7 +49,7 @@ from areal_watchdog.watch.progress_watch import ProgressWatch
 from areal_watchdog.watch.scheduler import placement
 from areal_watchdog.watch.standby import wait_for_node_lock
 from areal_watchdog.watch.status_keeper import StatusKeeper
-from areal_watchdog.watch.triggers import Action, Reported, Say, Snapshot, decide
+from areal_watchdog.watch.triggers import Reported
 
 NOTIFY_FINISH_TIMEOUT = 30.0  # seconds to finish sending before the rest waits in the spool
 FOLLOWER_LINGER = 60.0  # seconds a finished follower keeps answering a leader that has not finished
@@ -57,8 +57,9 @@ REQUEST_LOOK, REQUEST_WINDOW = 0.3, 1.0  # seconds: a follower's looks for the r
 
 
 @dataclass
-class Sidecar(JobEnd, ProgressWatch):
-    """The watchdog loop for one node (how the job ends: ``job_end``)."""
+class Sidecar(JobEnd, Leader, ProgressWatch):
+    """The watchdog loop for one node (how the job ends: ``job_end``; what the leader does each
+    poll: ``leader``)."""
 
     info: LaunchInfo
     node: str
@@ -291,108 +292,6 @@ class Sidecar(JobEnd, ProgressWatch):
         self.coordinator.answer(request["id"], mine.to_answer())
         took, ranks = time.monotonic() - started, len(mine.ranks)
         self.log(f"answered evidence request {request['id']} ({ranks} ranks, {took:.2f} s)")
-
-    # ----------------------------------------------------------------- leader
-    def lead(self, now: float) -> None:
-        """Follow the silence under way (``escalation``); ask the trigger rules what to do, then do
-        it."""
-        self.incidents.follow(self.statuses, now)
-        actions, self.reported = decide(self.snapshot(now), self.reported)
-        for action in actions:
-            self.act(action, now)
-
-    def snapshot(self, now: float) -> Snapshot:
-        exits = self.exit_records(read_silent=True)
-        alive, gone = self.alive_ranks(), self.gone_ranks()
-        if gone and alive:
-            self.gone_since = self.gone_since or now
-        wd = self.info.watchdog
-        said_ending = {n for n, st in self.statuses.items() if st.get("state") in ENDED_STATES}
-        silent = self.coordinator.lost_nodes(finished=set(exits) | said_ending)
-        job_nodes = self.info.nodes if self.info.dynamic_nodes else self.nodes
-        return Snapshot(
-            now=now,
-            first_step_seen=self.clock.first_step_at is not None,
-            silent_for=self.clock.silent_for(now),
-            threshold=self.clock.threshold,
-            stalled=self.clock.stalled(now),
-            alive=frozenset(alive),
-            others_alive=self.others_alive(),
-            gone=frozenset(gone),
-            gone_since=self.gone_since,
-            crash_grace=wd.crash_grace,
-            gpus_quiet_for=self.gpus_quiet_for(now),
-            gpu_idle_timeout=wd.gpu_idle_timeout,
-            silent_nodes=tuple(silent),
-            ended_nodes=len([n for n in exits if n in job_nodes]),
-            n_nodes=len(job_nodes),
-            silent_job_nodes=len([n for n in silent if n in job_nodes]),
-            failed=any(r.get("returncode") != 0 for r in exits.values()),
-            ending_on_purpose=self.ending_on_purpose(),
-        )
-
-    def act(self, action: Action, now: float) -> None:
-        if action.trigger in SILENCES and self.incidents.case is not None:
-            # A new silence (the job moved since the first look) while another waits for its
-            # second look: once that is done, this one is seen afresh, never swallowed.
-            self.reported = replace(self.reported, silence=False)
-            return
-        silent, threshold = self.clock.silent_for(now), self.clock.threshold
-        alive = f"{len(self.alive_ranks())} ranks"
-        if self.others_alive():
-            alive += f" and {self.others_alive()} other processes"
-        if action.trigger is Trigger.NODE_SILENT:
-            self.say(f"node(s) {', '.join(action.lost)} stopped answering: gathering evidence")
-        elif action.trigger is Trigger.GPU_IDLE:
-            self.say(
-                f"every GPU idle or spinning for {self.gpus_quiet_for(now):.0f} s with no "
-                f"progress: gathering stacks from {alive}"
-            )
-        elif action.trigger is Trigger.STALL:
-            self.say(
-                f"no progress for {silent:.1f} s (threshold {threshold:g} s): stall, "
-                f"gathering stacks from {alive}"
-            )
-        elif action.say is Say.SUSPECTED:
-            self.say(f"no new step for {silent:.0f} s (threshold {threshold:g} s): stall suspected")
-        if action.trigger is not None:
-            self.incidents.open(action.trigger, self.statuses, action.lost)
-        if action.say is Say.FINISHED:
-            self.finish()
-
-    def gpus_quiet_for(self, now: float) -> float:
-        """How long every GPU of the job, on every node that has GPUs, has done no work."""
-        since = []
-        if self.watch.gpus.last:
-            since.append(self.watch.gpus.quiet_since)
-        for node, status in self.statuses.items():
-            if node != self.node and status.get("gpus"):
-                since.append(status.get("gpu_quiet_since"))
-        if not since or any(s is None for s in since):
-            return 0.0
-        return now - max(since)
-
-    def alive_ranks(self) -> set[int]:
-        ranks = set(self.watch.live)
-        for node, status in self.statuses.items():
-            if node != self.node:
-                ranks |= {int(r) for r in status.get("ranks_alive", {})}
-        return ranks
-
-    def others_alive(self) -> int:
-        """Live processes of the job that are not ranks, on every node."""
-        count = len(self.watch.workers)
-        for node, status in self.statuses.items():
-            if node != self.node:
-                count += len(status.get("workers_alive", []))
-        return count
-
-    def gone_ranks(self) -> set[int]:
-        ranks = set(self.watch.gone)
-        for node, status in self.statuses.items():
-            if node != self.node:
-                ranks |= set(status.get("ranks_gone", []))
-        return ranks
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
@@ -82,6 +83,7 @@ class RayBackend:
         info = LaunchInfo.for_config(
             config, run_id, self.name, layout.run_dir, job.world_size, nodes, mode, job.rank_role
         )
+        info = replace(info, step_logs=[str(layout.ray_driver_log)])  # what Ray forwards
         processes = _processes(config, layout, env, cluster, len(nodes) or 1, watchdog, mode)
         submission = RaySubmission(address, cluster, f"areal-watchdog-{run_id}", python)
         return LaunchPlan(
