@@ -33,11 +33,16 @@ else:
 
 
 def info(run_dir: Path, command: list[str] | None, on_hang: str = "cancel") -> LaunchInfo:
-    return LaunchInfo(
+    """A launch's record, written as the launcher writes it (the sidecar trusts no other)."""
+    launched = LaunchInfo(
         run_id="r1", backend="example", run_dir=str(run_dir), world_size=2, nodes=["n1", "n2"],
         nproc_per_node=1, experiment_name="e", trial_name="t", fileroot=str(run_dir),
         watchdog=WatchdogSection(on_hang=on_hang), scheduler_command=command,
     )  # fmt: skip
+    launched.layout.watch_dir.mkdir(parents=True, exist_ok=True)
+    launched.layout.launch_file.write_text("{}")
+    launched.layout.launch_file.chmod(0o600)
+    return launched
 
 
 def test_the_request_reads_back_the_same_from_disk_and_from_the_pipe(tmp_path: Path) -> None:
@@ -81,6 +86,9 @@ def test_a_sidecar_acts_on_the_scheduler_only_through_the_recorded_command(
     assert (tmp_path / "scheduler.log").read_text().splitlines() == [
         "where", "end-job 77 cancel", "orphaned",
     ]  # fmt: skip
+    run.layout.launch_file.chmod(0o620)  # another member of the group could have written it
+    assert end_job(run, "77", HangAction.CANCEL).startswith("end-job refused: ")
+    assert (tmp_path / "scheduler.log").read_text().count("end-job") == 1  # it never ran
     local = info(tmp_path, None)
     assert end_orphans(local) == ""  # a local launch: the launcher ends what is left
     with pytest.raises(RuntimeError, match="no scheduler command"):

@@ -77,8 +77,8 @@ class Checker:
     ) -> int:
         value = tree.get(self.leaf(key), default)
         if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, str) and value.strip().isdigit():
-                value = int(value)
+            if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+                value = int(value)  # "²" is a digit to isdigit(), not to int()
             else:
                 raise self.fail(key, f"must be a whole number, got {value!r}")
         if value < minimum:

@@ -31,7 +31,7 @@ from areal_watchdog.config.model import (
 )
 from areal_watchdog.config.sinks import parse_sinks
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 LAUNCH_KEYS = {
     "entrypoint", "mode", "args", "nproc_per_node", "config_arg", "python", "env", "slurm",
     "ray", "run_dir_mode",
@@ -82,7 +82,7 @@ def _names(check: Checker, raw: dict[str, Any]) -> tuple[str, str]:
     experiment = check.text(raw, "experiment_name", default=DEFAULT_EXPERIMENT)
     trial = check.text(raw, "trial_name", default=DEFAULT_TRIAL)
     for key, value, banned in (("experiment_name", experiment, "_"), ("trial_name", trial, "-")):
-        if not _NAME.match(value) or value in (".", ".."):
+        if not _NAME.fullmatch(value) or value in (".", ".."):
             raise check.fail(
                 key, f"{value!r} is not a name: use letters, digits, '.', '-' or '_', no '/'"
             )
