@@ -39,10 +39,9 @@ from areal_watchdog.diagnose.render import verdict_dict, verdict_text
 from areal_watchdog.doctor.command import cmd_doctor
 from areal_watchdog.doctor.hint import with_doctor_hint
 from areal_watchdog.evidence import offline
-from areal_watchdog.launch.backend import backend_class, backend_names
+from areal_watchdog.launch.backend import backend_class, backend_names, resolve_target
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.local import LocalBackend
-from areal_watchdog.launch.slurm.jobs import cancel_job, job_state, recorded_job_id, resolve_job
 from areal_watchdog.launch.slurm.status import status_lines
 from areal_watchdog.notify.delivery import delivery_id, send
 from areal_watchdog.notify.notifier import deliver_spooled, render, secret_values
@@ -166,30 +165,22 @@ def cmd_launch(name: str, argv: list[str], watchdog: bool) -> int:
 
 
 def _target(command: str, description: str, argv: list[str]) -> str:
-    """``RUN_DIR_OR_JOB_ID`` as given."""
+    """``RUN_OR_HANDLE`` as given."""
     parser = argparse.ArgumentParser(prog=f"areal-launch {command}", description=description)
-    parser.add_argument("target", help="run directory or Slurm job id")
+    parser.add_argument(
+        "target", help="a run directory, a Slurm job id, or a handle: slurm://ID, local://RUN_DIR"
+    )
     return parser.parse_args(argv).target
 
 
 def cmd_status(argv: list[str], _watchdog: bool) -> int:
     target = _target("status", "The job's state and what each node's sidecar saw.", argv)
-    if Path(target).is_dir() or Path(target).is_symlink():
-        local = check_run_dir(Path(target))
-        if recorded_job_id(local) is None:  # launched on this machine
-            _show_run(local, " (local run, no Slurm job)")
-            return 0
-    job_id, run_dir = resolve_job(target)
-    fields = job_state(job_id)
-    state = fields.get("JobState", "UNKNOWN (no longer known to the controller)")
-    print(
-        f"job {job_id}: {state}"
-        + (f" on {fields['NodeList']}" if fields.get("NodeList") else "")
-        + (f" ({fields['Reason']})" if fields.get("Reason") not in (None, "None") else "")
-    )
-    if run_dir is None:
-        return 0
-    _show_run(check_run_dir(run_dir), "")  # named by the job's comment: ours to read?
+    kind, handle = resolve_target(target)
+    described = kind.describe(handle)
+    for line in described.lines:
+        print(line)
+    if described.run_dir is not None:
+        _show_run(described.run_dir, described.note)
     return 0
 
 
@@ -202,12 +193,9 @@ def _show_run(run_dir: Path, kind: str) -> None:
 
 
 def cmd_cancel(argv: list[str], _watchdog: bool) -> int:
-    target = _target("cancel", "Cancel a Slurm job; its run directory stays.", argv)
-    job_id, run_dir = resolve_job(target)
-    cancel_job(job_id)
-    print(
-        f"[areal-launch] cancelled job {job_id}" + (f"; run dir kept: {run_dir}" if run_dir else "")
-    )
+    target = _target("cancel", "End a run (Slurm: scancel); its run directory stays.", argv)
+    kind, handle = resolve_target(target)
+    print(kind.cancel(handle))
     return 0
 
 

@@ -175,7 +175,7 @@ def test_dry_run_prints_the_sbatch_script_and_creates_nothing(
 @pytest.mark.parametrize(
     ("override", "words"),
     [
-        ("launch.slurm.time=soon", "launch.slurm.time`: must be minutes or [D-]HH:MM[:SS]"),
+        ("launch.slurm.time=soon", "launch.slurm.time`: must be minutes, MM:SS, HH:MM:SS, D-HH"),
         (
             "+launch.slurm.partion=gpu",
             "launch.slurm.partion`: unknown key (did you mean partition?)",

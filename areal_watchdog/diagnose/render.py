@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from areal_watchdog.common.rankset import culprits_phrase, format_ranks
+from areal_watchdog.common.rankset import culprits_phrase, format_ranks, ranks_phrase
 from areal_watchdog.diagnose.verdict import Verdict
 
 
@@ -38,7 +38,7 @@ def verdict_text(verdict: Verdict) -> str:
     ]
     if verdict.groups:
         lines.append("stack groups:")
-        lines += [f"  ranks {format_ranks(g.ranks)}: {g.kind}, {g.where}" for g in verdict.groups]
+        lines += [f"  {ranks_phrase(g.ranks)}: {g.kind}, {g.where}" for g in verdict.groups]
     if verdict.collectives:
         lines.append("collective record:")
         lines += [

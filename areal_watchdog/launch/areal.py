@@ -68,9 +68,10 @@ def plan_areal(
     cluster["fileroot"] = config.fileroot  # AReaL's default differs from ours
     records = _name_resolve_root(config, cluster)
     actor = _allocation(config, tree, "actor")
-    env = {**env, **areal_environment(layout, config.launch.python, env)}
-    if ENV_RUN_ID not in env:  # not watched: no hook, no controller mark
-        env = {k: v for k, v in env.items() if k not in (ENV_JOB_CONFIG, "PYTHONPATH")}
+    if ENV_RUN_ID in env:
+        env = {**env, **areal_environment(layout, config.launch.python, env)}
+    else:  # not watched: no hook, no controller mark; the interpreter's folder first on PATH
+        env = {**env, "PATH": areal_environment(layout, config.launch.python, env)["PATH"]}
     if mode == "single_controller":
         _set_scheduler(config, tree, backend)
         if ENV_RUN_ID in env:

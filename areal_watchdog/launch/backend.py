@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
+from pathlib import Path
 from typing import Protocol, TextIO
 
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.plan import LaunchPlan
 from areal_watchdog.launch.recovery import Recovery
+from areal_watchdog.launch.run_handle import Described, run_directory, split_handle
 
 ENTRY_POINTS = "areal_watchdog.backends"
 BACKENDS = {  # name -> "module:class"
@@ -55,11 +57,45 @@ class Backend(Protocol):
         """Give back what a resume would have run in (a kept Slurm allocation)."""
         ...
 
+    @classmethod
+    def recognises(cls, run_dir: Path) -> bool:
+        """Whether this backend launched the run in ``run_dir`` (checked)."""
+        ...
+
+    @classmethod
+    def describe(cls, target: str) -> Described:
+        """What ``areal-launch status`` shows of a run this backend launched (its id in the
+        handle: a run directory, a Slurm job id)."""
+        ...
+
+    @classmethod
+    def cancel(cls, target: str) -> str:
+        """End the run; the line says what was done."""
+        ...
+
 
 def backend_names() -> list[str]:
     """Every backend ``areal-launch`` offers: ours, then the installed packages'."""
     found = importlib.metadata.entry_points(group=ENTRY_POINTS)
     return [*BACKENDS, *sorted(e.name for e in found if e.name not in BACKENDS)]
+
+
+def resolve_target(text: str) -> tuple[type[Backend], str]:
+    """The backend of a run and its id there: from a handle (``slurm://123``,
+    ``local://RUN_DIR``), from the run directory (the backend that recognises it, else this
+    machine's), or a bare Slurm job id."""
+    scheme, target = split_handle(text)
+    if scheme is not None:
+        return backend_class(scheme), target
+    path = Path(text)
+    if not (path.is_dir() or path.is_symlink()):
+        return backend_class("slurm"), text
+    run_dir = run_directory(text)
+    for name in backend_names():
+        kind = backend_class(name)
+        if kind.recognises(run_dir):
+            return kind, text
+    return backend_class("local"), text
 
 
 def backend_class(name: str) -> type[Backend]:

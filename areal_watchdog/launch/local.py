@@ -39,6 +39,12 @@ from areal_watchdog.launch.job import (
 from areal_watchdog.launch.plan import Gate, LaunchPlan, ProcessSpec
 from areal_watchdog.launch.processes import Interrupts, OutputPump, start, stop_job
 from areal_watchdog.launch.recovery import Recovery
+from areal_watchdog.launch.run_handle import (
+    Described,
+    cancel_run,
+    describe_run,
+    launched_by,
+)
 from areal_watchdog.launch.torchrun import standalone, torchrun_command
 from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.job_mask import job_mask
@@ -105,6 +111,18 @@ class LocalBackend:
     def execute(self, plan: LaunchPlan, out: TextIO = sys.stdout) -> int:
         """Run the plan to the end and return areal-launch's exit code."""
         return _LocalRun(plan, out).run()
+
+    @classmethod
+    def recognises(cls, run_dir: Path) -> bool:
+        return launched_by(run_dir) == cls.name
+
+    @classmethod
+    def describe(cls, target: str) -> Described:
+        return describe_run(target, " (local run, no Slurm job)")
+
+    @classmethod
+    def cancel(cls, target: str) -> str:
+        return cancel_run(target)
 
     def release(self) -> None:
         """Nothing outlives a run here."""

@@ -25,6 +25,11 @@ def check_resumable(config: JobConfig, recovery: Recovery, mode: str) -> None:
     if mode == "torchrun":
         return
     recover = config.raw.get("recover") if isinstance(config.raw.get("recover"), dict) else {}
+    if recover.get("mode") is True:  # YAML 1.1 reads an unquoted `on` as true
+        raise UserError(
+            f"{config.source}: recover.mode: YAML reads an unquoted on as true: write "
+            'recover.mode: "on" (or auto)'
+        )
     if recover.get("mode") not in AREAL_RECOVER_MODES or not (
         recover.get("freq_steps") or recover.get("freq_epochs")
     ):

@@ -52,7 +52,8 @@ def _header(report: dict[str, Any]) -> list[str]:
         f"- Job: {job['experiment_name']}/{job['trial_name']} ({job['backend']}{job_id}), "
         f"world size {job['world_size']}, nodes {', '.join(job['nodes'])}",
         f"- Detected: {report['detected_at']} ({report['trigger']}); last progress "
-        f"{report['last_progress_at'] or 'never'}; last step {report['last_step']}",
+        f"{report['last_progress_at'] or 'never'}; last step "
+        f"{'none yet' if report['last_step'] is None else report['last_step']}",
         f"- Action: {report['action']}",
     ]
 

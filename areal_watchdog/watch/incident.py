@@ -334,6 +334,7 @@ class Incidents(Escalation):
             self.say(f"cannot record the cancel ({exc.strerror or exc}): cancelling anyway")
         if self.job_id and self.info.scheduler_command:
             self.say(f"on_hang={action}: {end_job(self.info, self.job_id, action)}")
+            request.send_to_launcher()  # where a launcher gave a pipe, it hears it too
         else:
             self.say(f"on_hang={action}: asking the launcher to terminate the job")
             request.send_to_launcher()

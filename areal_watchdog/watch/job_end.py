@@ -56,10 +56,9 @@ class JobEnd:
         written, suspected = self.incidents.written, self.incidents.suspected
         if not failed:
             looks = f", {len(suspected)} suspected look(s) not posted" if suspected else ""
-            self.say(
-                f"job completed (last step {self.clock.last_step}); {len(written)} "
-                f"incident(s){looks}"
-            )
+            step = self.clock.last_step
+            last = "no step seen" if step is None else f"last step {step}"
+            self.say(f"job completed ({last}); {len(written)} incident(s){looks}")
         write_json_atomic(
             self.layout.finished_file,
             {

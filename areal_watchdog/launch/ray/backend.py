@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
-from areal_watchdog.common.errors import ConfigError
+from areal_watchdog.common.errors import ConfigError, UserError
 from areal_watchdog.config.entrypoint import launch_mode, resolve_entrypoint
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.areal import areal_environment, plan_areal, script_command
@@ -29,6 +29,12 @@ from areal_watchdog.launch.ray.run import RayRun
 from areal_watchdog.launch.ray.sidecars import ray_sidecar_command
 from areal_watchdog.launch.ray.submission import RaySubmission
 from areal_watchdog.launch.recovery import Recovery
+from areal_watchdog.launch.run_handle import (
+    Described,
+    describe_run,
+    launched_by,
+    run_directory,
+)
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
 
@@ -97,6 +103,22 @@ class RayBackend:
     def execute(self, plan: LaunchPlan, out: TextIO = sys.stdout) -> int:
         """Run the plan to the end and return areal-launch's exit code."""
         return RayRun(plan, out).run()
+
+    @classmethod
+    def recognises(cls, run_dir: Path) -> bool:
+        return launched_by(run_dir) == cls.name
+
+    @classmethod
+    def describe(cls, target: str) -> Described:
+        return describe_run(target, " (Ray run)")
+
+    @classmethod
+    def cancel(cls, target: str) -> str:
+        run_dir = run_directory(target)
+        raise UserError(
+            f"{run_dir}: cancelling a Ray run is not here yet: `ray job stop` its submission "
+            "(areal-watchdog-<run id>, in watchdog/launch.json)"
+        )
 
     def release(self) -> None:
         """Nothing outlives a run here."""

@@ -33,6 +33,8 @@ from areal_watchdog.launch.job import (
     stale_state,
 )
 from areal_watchdog.launch.plan import LaunchPlan, ProcessSpec
+from areal_watchdog.launch.run_handle import Described
+from areal_watchdog.launch.slurm import handle
 from areal_watchdog.launch.slurm.areal import (
     execute_single_controller,
     plan_single_controller,
@@ -159,6 +161,18 @@ class SlurmBackend:
         if submission.keeps_allocation:
             self.allocation, self._run_dir = job_id, run_dir
         return wait_for_job(job_id, run_dir, attempts=submission.keeps_allocation)
+
+    @classmethod
+    def recognises(cls, run_dir: Path) -> bool:
+        return handle.recognises(run_dir)
+
+    @classmethod
+    def describe(cls, target: str) -> Described:
+        return handle.describe(target)
+
+    @classmethod
+    def cancel(cls, target: str) -> str:
+        return handle.cancel(target)
 
     def release(self) -> None:
         """A batch script still waiting for a decision ends its job."""

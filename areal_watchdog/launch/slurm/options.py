@@ -9,27 +9,33 @@ from typing import Any
 from areal_watchdog.common.errors import ConfigError
 from areal_watchdog.config.model import SLURM_KEYS, JobConfig
 
-_TIME = re.compile(r"^(?:(?P<d>\d+)-)?(?:(?P<h>\d+):)?(?P<m>\d+)(?::(?P<s>\d+))?$")
+_TIME = re.compile(r"(?:(?P<d>\d+)-)?(?P<clock>\d+(?::\d+){0,2})")
+TIME_FORMS = "must be minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (Slurm's --time)"
 
 
 def parse_time_minutes(value: int | str, source: str) -> int:
-    """``90``, ``"90"``, ``"1:30:00"`` or ``"1-00:00:00"`` -> minutes."""
+    """Slurm's ``--time`` as whole minutes, rounded up: ``90``, ``"MM:SS"``, ``"HH:MM:SS"``,
+    ``"D-HH"``, ``"D-HH:MM"``, ``"D-HH:MM:SS"`` (``"5:30"`` is five and a half minutes, as
+    Slurm reads it)."""
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 1:
             raise ConfigError(
                 source, "launch.slurm.time", f"must be at least 1 minute, got {value}"
             )
         return value
-    match = _TIME.match(str(value).strip())
+    match = _TIME.fullmatch(str(value).strip())
     if not match:
-        raise ConfigError(
-            source, "launch.slurm.time", f"must be minutes or [D-]HH:MM[:SS], got {value!r}"
+        raise ConfigError(source, "launch.slurm.time", f"{TIME_FORMS}, got {value!r}")
+    parts = [int(p) for p in match["clock"].split(":")]
+    if match["d"] is not None:  # D-HH[:MM[:SS]]
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+    else:  # MM | MM:SS | HH:MM:SS
+        hours, minutes, seconds = (
+            ([0] * (3 - len(parts)) + parts)
+            if len(parts) == 3
+            else (0, parts[0], parts[1] if len(parts) == 2 else 0)
         )
-    days, hours = int(match["d"] or 0), int(match["h"] or 0)
-    minutes, seconds = int(match["m"]), int(match["s"] or 0)
-    if match["h"] is None and match["s"] is not None:  # "MM:SS"
-        hours, minutes, seconds = 0, minutes, seconds
-    total = days * 1440 + hours * 60 + minutes + (1 if seconds else 0)
+    total = int(match["d"] or 0) * 1440 + hours * 60 + minutes + (1 if seconds else 0)
     if total < 1:
         raise ConfigError(source, "launch.slurm.time", f"must be at least 1 minute, got {value!r}")
     return total

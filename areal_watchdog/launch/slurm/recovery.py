@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Protocol
 
+from areal_watchdog.common.errors import UserError
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.recovery import Recovery
 from areal_watchdog.launch.slurm.jobs import cluster_nodes
@@ -47,7 +48,12 @@ class SlurmRecovery(Recovery):
         return SlurmReplayHost(config, avoid, self.backend.allocation)
 
     def known_nodes(self, named: set[str]) -> set[str]:
-        return named & cluster_nodes() if named else set()  # sbatch refuses any other name
+        if not named:
+            return set()
+        try:
+            return named & cluster_nodes()  # sbatch refuses any other name
+        except UserError:  # no sinfo here: leave no node out rather than fail the resume
+            return set()
 
     def leaves_out_nodes(self) -> bool:
         return self.backend.allocation is None

@@ -1,0 +1,72 @@
+"""``areal-launch status`` and ``cancel`` by handle, as torchx names an app: ``local://RUN_DIR``,
+``slurm://JOB_ID``, ``ray://RUN_DIR``, or a bare run directory (the backend that launched it
+answers). A local cancel ends every process of the run; the run directory stays."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from areal_watchdog.cli import main
+from areal_watchdog.common.atomic import write_json_atomic
+from areal_watchdog.config.model import WatchdogSection
+from areal_watchdog.rundir.launch_info import LaunchInfo
+from areal_watchdog.rundir.layout import ENV_RUN_ID, RunLayout
+
+
+def launched(tmp_path: Path, backend: str) -> Path:
+    """A run directory as a launch on ``backend`` leaves it."""
+    run_dir = tmp_path / "exp" / "t"
+    RunLayout(run_dir).watch_dir.mkdir(parents=True, mode=0o700)
+    info = LaunchInfo(
+        run_id="run-h1", backend=backend, run_dir=str(run_dir), world_size=1, nodes=["n1"],
+        nproc_per_node=1, experiment_name="exp", trial_name="t", fileroot=str(tmp_path),
+        watchdog=WatchdogSection(),
+    )  # fmt: skip
+    write_json_atomic(RunLayout(run_dir).launch_file, info.to_dict())
+    return run_dir
+
+
+def test_a_local_run_is_shown_and_ended_by_its_handle(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = launched(tmp_path, "local")
+    env = {**os.environ, ENV_RUN_ID: "run-h1"}
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        assert main(["status", f"local://{run_dir}"]) == 0
+        assert f"run dir: {run_dir} (local run, no Slurm job)" in capsys.readouterr().out
+        assert main(["status", str(run_dir)]) == 0  # bare: launch.json names the backend
+        assert "(local run, no Slurm job)" in capsys.readouterr().out
+        assert main(["cancel", f"local://{run_dir}"]) == 0
+        said = capsys.readouterr().out.strip()
+        assert said == f"[areal-launch] ended 1 process(es) of run run-h1; run dir kept: {run_dir}"
+        assert rank.wait(timeout=10) == -9
+        assert main(["cancel", str(run_dir)]) == 0
+        assert "no process of it is running" in capsys.readouterr().out
+    finally:
+        if psutil.pid_exists(rank.pid):
+            rank.kill()
+        rank.wait()
+    assert run_dir.is_dir()
+
+
+def test_a_handle_names_a_backend_that_exists_and_can_do_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = launched(tmp_path, "ray")
+    assert main(["status", str(run_dir)]) == 0
+    assert f"run dir: {run_dir} (Ray run)" in capsys.readouterr().out
+    assert main(["cancel", f"ray://{run_dir}"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "cancelling a Ray run is not here yet: `ray job stop`" in line
+    assert main(["status", f"pbs://{run_dir}"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == "areal-launch: error: no backend named 'pbs' (installed: local, slurm, ray)"
+    assert main(["cancel", f"local://{tmp_path / 'nothing'}"]) == 2
+    assert "no such run directory" in capsys.readouterr().err

@@ -1,0 +1,244 @@
+"""What the leading sidecar does each poll (``watch.leader``) and how it sees the job end
+(``watch.job_end``), on a minimal node object holding the state ``Sidecar`` holds: a fake clock
+(``now`` passed in), the run's records in a real run directory under tmp_path, a fake incident
+desk. What users see: the lines said, the incidents opened (once), the final record."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from areal_watchdog.common.atomic import write_json_atomic
+from areal_watchdog.config.model import HangAction, WatchdogSection
+from areal_watchdog.evidence.trigger import Trigger
+from areal_watchdog.rundir.hang_request import HangRequest
+from areal_watchdog.rundir.launch_info import LaunchInfo
+from areal_watchdog.rundir.layout import ENV_RUN_ID
+from areal_watchdog.watch.job_end import JobEnd
+from areal_watchdog.watch.leader import Leader
+from areal_watchdog.watch.progress import StallClock
+from areal_watchdog.watch.triggers import Reported
+
+THRESHOLD = 30.0
+
+
+@dataclass
+class FakeIncidents:
+    """The incident desk as the leader sees it: what it was asked to open and follow."""
+
+    case: object | None = None
+    cancelling: bool = False
+    written: list[Path] = field(default_factory=list)
+    suspected: list[Path] = field(default_factory=list)
+    opened: list[tuple[Trigger, tuple[str, ...]]] = field(default_factory=list)
+    follows: int = 0
+
+    def follow(self, statuses: dict, now: float) -> None:
+        self.follows += 1
+
+    def open(self, trigger: Trigger, statuses: dict, lost: tuple[str, ...] = ()) -> None:
+        self.opened.append((trigger, tuple(lost)))
+
+
+class FakeCoordinator:
+    """Peers: which are silent, what their statuses say."""
+
+    def __init__(self, silent: tuple[str, ...] = (), statuses: dict | None = None) -> None:
+        self.silent, self.statuses, self.seen = list(silent), statuses or {}, {}
+
+    def lost_nodes(self, finished: set[str]) -> list[str]:
+        return [n for n in self.silent if n not in finished]
+
+    def alive(self, node: str) -> bool:
+        return node not in self.silent
+
+    def read_all(self) -> dict[str, dict[str, Any]]:
+        return self.statuses
+
+
+class Node(JobEnd, Leader):
+    """The state ``Sidecar`` holds, and nothing else."""
+
+    def __init__(
+        self, run_dir: Path, nodes: tuple[str, ...] = ("n1",), live: tuple[int, ...] = (0, 1),
+        gone: tuple[int, ...] = (), run_id: str = "r1", **watchdog: Any,
+    ) -> None:  # fmt: skip
+        wd = WatchdogSection(stall_timeout=THRESHOLD, poll_interval=0.05, **watchdog)
+        self.info = LaunchInfo(
+            run_id=run_id, backend="local", run_dir=str(run_dir), world_size=len(live + gone),
+            nodes=list(nodes), nproc_per_node=2, experiment_name="e", trial_name="t",
+            fileroot=str(run_dir), watchdog=wd,
+        )  # fmt: skip
+        self.layout = self.info.layout
+        self.layout.watch_dir.mkdir(parents=True, exist_ok=True)
+        self.node, self.nodes = "n1", list(nodes)
+        self.statuses: dict[str, dict[str, Any]] = {}
+        self.reported = Reported()
+        self.clock = StallClock(THRESHOLD, 60.0, started_at=0.0)
+        self.watch = SimpleNamespace(
+            live=dict.fromkeys(live), gone=dict.fromkeys(gone), workers={},
+            gpus=SimpleNamespace(last=[], quiet_since=None),
+        )  # fmt: skip
+        self.coordinator = FakeCoordinator()
+        self.incidents = FakeIncidents()
+        self.own_exit: dict[str, Any] | None = None
+        self.gone_since: float | None = None
+        self.lines: list[str] = []
+        self.published: list[str] = []
+        self.done = False
+
+    def say(self, message: str) -> None:
+        self.lines.append(message)
+
+    def publish(self, state: str) -> None:
+        self.published.append(state)
+
+
+def test_a_silence_is_suspected_then_opened_as_a_stall_once(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.clock.step(3, 0.0)
+    node.lead(10.0)
+    assert node.lines == [] and node.incidents.opened == []
+    node.lead(21.0)  # past two thirds of the threshold
+    node.lead(22.0)
+    assert node.lines == ["no new step for 21 s (threshold 30 s): stall suspected"]
+    node.lead(31.0)
+    node.lead(40.0)
+    assert node.lines[1:] == [
+        "no progress for 31.0 s (threshold 30 s): stall, gathering stacks from 2 ranks"
+    ]
+    assert node.incidents.opened == [(Trigger.STALL, ())]
+    assert node.incidents.follows == 5  # the silence under way is followed at every poll
+
+
+def test_the_ranks_and_processes_of_every_node_are_counted(tmp_path: Path) -> None:
+    node = Node(tmp_path, nodes=("n1", "n2"))
+    node.statuses = {"n2": {"ranks_alive": {"2": 11, "3": 12}, "workers_alive": ["rollout 0"]}}
+    node.clock.step(3, 0.0)
+    node.lead(31.0)
+    assert node.lines[-1].endswith("gathering stacks from 4 ranks and 1 other processes")
+
+
+def test_a_rank_gone_while_others_live_is_reported_after_the_crash_grace(tmp_path: Path) -> None:
+    node = Node(tmp_path, live=(0,), gone=(1,))
+    node.clock.step(3, 10.0)
+    node.lead(10.5)  # first seen gone: the grace starts
+    node.lead(20.0)
+    assert node.incidents.opened == []
+    node.lead(21.0)
+    node.lead(22.0)
+    assert node.incidents.opened == [(Trigger.RANK_EXITED, ())]
+
+
+def test_exits_after_the_watchdogs_own_cancel_are_no_new_failure(tmp_path: Path) -> None:
+    node = Node(tmp_path, live=(0,), gone=(1,))
+    HangRequest("r1", "inc-1", HangAction.CANCEL, 1.0).write(node.layout)
+    node.clock.step(3, 10.0)
+    for now in (10.5, 21.0, 45.0):
+        node.lead(now)
+    assert node.incidents.opened == []
+
+
+def test_a_silent_node_opens_an_incident_naming_it(tmp_path: Path) -> None:
+    node = Node(tmp_path, nodes=("n1", "n2"))
+    node.coordinator = FakeCoordinator(silent=("n2",))
+    node.clock.step(3, 0.0)
+    node.lead(5.0)
+    node.lead(6.0)
+    assert node.lines == ["node(s) n2 stopped answering: gathering evidence"]
+    assert node.incidents.opened == [(Trigger.NODE_SILENT, ("n2",))]
+
+
+def test_idle_gpus_open_an_incident_before_the_stall_threshold(tmp_path: Path) -> None:
+    node = Node(tmp_path, gpu_idle_timeout=12.0)
+    node.watch.gpus = SimpleNamespace(last=[{"index": 0}], quiet_since=2.0)
+    node.clock.step(3, 0.0)
+    node.lead(13.0)
+    assert node.incidents.opened == []  # GPUs quiet for 11 s only
+    node.lead(15.0)
+    assert node.incidents.opened == [(Trigger.GPU_IDLE, ())]
+    assert node.lines == [
+        "every GPU idle or spinning for 13 s with no progress: gathering stacks from 2 ranks"
+    ]
+
+
+def test_a_new_silence_during_a_followed_case_is_seen_afresh_afterwards(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.clock.step(3, 0.0)
+    node.incidents.case = object()  # a silence waits for its second look
+    node.lead(31.0)
+    assert node.incidents.opened == [] and node.reported.silence is False
+    node.incidents.case = None
+    node.lead(32.0)
+    assert node.incidents.opened == [(Trigger.STALL, ())]
+
+
+def test_a_job_that_ends_well_is_recorded_as_finished(tmp_path: Path) -> None:
+    node = Node(tmp_path, live=())
+    node.clock.step(7, 0.0)
+    node.own_exit = {"returncode": 0}
+    node.lead(1.0)
+    assert node.lines == ["job completed (last step 7); 0 incident(s)"]
+    record = json.loads(node.layout.finished_file.read_text())
+    assert (record["run_id"], record["by"], record["failed_nodes"]) == ("r1", "n1", [])
+    assert node.finished() and node.done and node.published == ["finished"]
+    assert node.incidents.opened == []
+
+
+def test_a_job_that_fails_on_a_peer_is_reported_then_finished(tmp_path: Path) -> None:
+    node = Node(tmp_path, nodes=("n1", "n2"), live=())
+    node.own_exit = {"returncode": 0}
+    node.statuses = {"n2": {"state": "exited", "returncode": 3}}
+    node.lead(1.0)
+    assert node.incidents.opened == [(Trigger.JOB_FAILED, ())]
+    assert json.loads(node.layout.finished_file.read_text())["failed_nodes"] == ["n2"]
+    assert not any(line.startswith("job completed") for line in node.lines)
+
+
+def test_a_silent_peers_exit_record_is_read_from_its_file(tmp_path: Path) -> None:
+    node = Node(tmp_path, nodes=("n1", "n2", "n3"))
+    node.coordinator = FakeCoordinator(silent=("n2", "n3"))
+    node.layout.job_exit_dir.mkdir(parents=True)
+    write_json_atomic(node.layout.job_exit("n2"), {"run_id": "r1", "returncode": 0})
+    write_json_atomic(node.layout.job_exit("n3"), {"run_id": "old-run", "returncode": 9})
+    assert node.exit_records(read_silent=True) == {"n2": {"run_id": "r1", "returncode": 0}}
+
+
+def test_the_end_signal_reports_a_failed_peer_before_leaving(tmp_path: Path) -> None:
+    node = Node(tmp_path, nodes=("n1", "n2"))
+    node.coordinator = FakeCoordinator(statuses={"n2": {"state": "exited", "returncode": 1}})
+    node.on_job_ending()
+    assert node.lines[0] == "job ending (signal received)"
+    assert node.published == ["ending", "finished"]  # ending first: not taken for lost
+    assert node.incidents.opened == [(Trigger.JOB_FAILED, ())]
+    assert node.reported.failure and node.done
+
+
+def test_the_end_signal_after_a_cancel_reports_nothing(tmp_path: Path) -> None:
+    node = Node(tmp_path, nodes=("n1", "n2"))
+    node.coordinator = FakeCoordinator(statuses={"n2": {"state": "exited", "returncode": 1}})
+    node.incidents.cancelling = True
+    node.on_job_ending()
+    assert node.published == ["ending"] and node.incidents.opened == []
+    assert not node.layout.finished_file.exists()
+
+
+def test_an_orphaned_sidecar_ends_the_runs_remaining_processes(tmp_path: Path) -> None:
+    run_id = f"unit-{uuid.uuid4().hex}"
+    env = {**os.environ, ENV_RUN_ID: run_id}
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    try:
+        node = Node(tmp_path, run_id=run_id)
+        node.orphaned()
+        assert proc.wait(timeout=5) != 0  # killed
+        assert node.lines == ["areal-launch is gone: ended the run's 1 remaining process(es)"]
+    finally:
+        proc.kill()
+        proc.wait()

@@ -1,0 +1,90 @@
+"""One node's part of the job as the sidecar sees it (``watch.node``), with one real rank: a
+child process that our rank wrapper (``rank.main``) runs, found through its environment, its
+stack taken by the cooperative faulthandler dump, its end noticed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from areal_watchdog.evidence.discovery import Scope
+from areal_watchdog.evidence.gather import GatherSettings
+from areal_watchdog.rundir.layout import ENV_NODE, ENV_RUN_ID, ENV_WATCH_DIR, RunLayout
+from areal_watchdog.watch.node import NodeWatch
+
+REPO = Path(__file__).resolve().parents[2]
+RANK_SCRIPT = """
+import time
+
+def wait_in_the_collective():
+    time.sleep(30)
+
+wait_in_the_collective()
+"""
+
+
+def start_rank(tmp_path: Path, run_id: str) -> subprocess.Popen:
+    script = tmp_path / "train.py"
+    script.write_text(RANK_SCRIPT)
+    env = {
+        **os.environ, ENV_RUN_ID: run_id, ENV_WATCH_DIR: str(RunLayout(tmp_path).watch_dir),
+        ENV_NODE: "n1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+        "PYTHONPATH": str(REPO),
+    }  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "areal_watchdog.rank.main", str(script)], env=env, cwd=tmp_path
+    )
+
+
+def wait_for(path: Path, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert path.exists(), f"{path} never appeared"
+
+
+def test_a_rank_is_found_its_stack_taken_and_its_end_noticed(tmp_path: Path) -> None:
+    run_id = f"unit-{uuid.uuid4().hex}"
+    layout = RunLayout(tmp_path)
+    lines: list[str] = []
+    watch = NodeWatch(layout, Scope(run_id, "n1", world_size=1), expected=1, log=lines.append)
+    rank = start_rank(tmp_path, run_id)
+    try:
+        wait_for(layout.registration(0, "n1"))
+        watch.refresh(time.time())
+        assert watch.summary() == {
+            "ranks_alive": {"0": rank.pid}, "ranks_gone": [], "workers_alive": []
+        }  # fmt: skip
+        assert watch.pids() == [rank.pid] and watch.local_ranks() == [0]
+        time.sleep(0.1)  # until the rank is inside its script
+        (item,) = watch.evidence(GatherSettings("faulthandler", timeout=3.0))
+        assert (item.rank, item.pid, item.node) == (0, rank.pid, "n1")
+        names = [f.name for t in item.threads for f in t.frames]
+        assert "wait_in_the_collective" in names
+        rank.kill()
+        rank.wait()
+        watch.refresh(time.time())
+        assert watch.summary()["ranks_gone"] == [0] and watch.summary()["ranks_alive"] == {}
+        assert lines[-1].endswith("exited; 0 ranks alive here")
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+def test_the_end_of_the_node_s_job_lists_every_process_as_gone(tmp_path: Path) -> None:
+    run_id = f"unit-{uuid.uuid4().hex}"
+    layout = RunLayout(tmp_path)
+    watch = NodeWatch(layout, Scope(run_id, "n1", world_size=1), expected=1)
+    rank = start_rank(tmp_path, run_id)
+    try:
+        wait_for(layout.registration(0, "n1"))
+        watch.refresh(time.time())
+        watch.all_gone()
+        assert watch.summary()["ranks_gone"] == [0] and watch.pids() == []
+    finally:
+        rank.kill()
+        rank.wait()
