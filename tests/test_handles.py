@@ -70,3 +70,17 @@ def test_a_handle_names_a_backend_that_exists_and_can_do_it(
     assert line == "areal-launch: error: no backend named 'pbs' (installed: local, slurm, ray)"
     assert main(["cancel", f"local://{tmp_path / 'nothing'}"]) == 2
     assert "no such run directory" in capsys.readouterr().err
+
+
+def test_a_handle_splits_only_at_a_scheme(tmp_path: Path) -> None:
+    from areal_watchdog.launch.run_handle import launched_by, split_handle
+    from areal_watchdog.launch.slurm import handle as slurm_handle
+
+    assert split_handle("slurm://123") == ("slurm", "123")
+    assert split_handle("local:///tmp/run") == ("local", "/tmp/run")
+    assert split_handle("/tmp/a://b") == (None, "/tmp/a://b")  # a path, not a scheme
+    run_dir = launched(tmp_path, "slurm")
+    assert launched_by(run_dir) == "slurm"
+    assert not slurm_handle.recognises(run_dir)  # an AReaL controller on Slurm submits no job
+    write_json_atomic(RunLayout(run_dir).slurm_job_file, {"job_id": "41"})
+    assert slurm_handle.recognises(run_dir)
