@@ -39,12 +39,7 @@ from areal_watchdog.launch.job import (
 from areal_watchdog.launch.plan import Gate, LaunchPlan, ProcessSpec
 from areal_watchdog.launch.processes import Interrupts, OutputPump, start, stop_job
 from areal_watchdog.launch.recovery import Recovery
-from areal_watchdog.launch.run_handle import (
-    Described,
-    cancel_run,
-    describe_run,
-    launched_by,
-)
+from areal_watchdog.launch.run_handle import KnownByRunDir
 from areal_watchdog.launch.torchrun import standalone, torchrun_command
 from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.job_mask import job_mask
@@ -56,10 +51,11 @@ SIDECAR_FINISH_GRACE = 60.0  # seconds the sidecar gets to write a final report
 SIDECAR_RESTARTS = 3  # a sidecar that keeps dying is given up on, loudly
 
 
-class LocalBackend:
+class LocalBackend(KnownByRunDir):
     """torchrun and a sidecar on this machine."""
 
     name = "local"
+    run_note = " (local run, no Slurm job)"
     recovery = Recovery()  # nothing kept between a hang and a resume, the replay on this node
 
     @classmethod
@@ -111,18 +107,6 @@ class LocalBackend:
     def execute(self, plan: LaunchPlan, out: TextIO = sys.stdout) -> int:
         """Run the plan to the end and return areal-launch's exit code."""
         return _LocalRun(plan, out).run()
-
-    @classmethod
-    def recognises(cls, run_dir: Path) -> bool:
-        return launched_by(run_dir) == cls.name
-
-    @classmethod
-    def describe(cls, target: str) -> Described:
-        return describe_run(target, " (local run, no Slurm job)")
-
-    @classmethod
-    def cancel(cls, target: str) -> str:
-        return cancel_run(target)
 
     def release(self) -> None:
         """Nothing outlives a run here."""

@@ -63,3 +63,23 @@ def cancel_run(target: str) -> str:
     if not ended:
         return f"[areal-launch] run {run_id}: no process of it is running; run dir kept: {run_dir}"
     return f"[areal-launch] ended {len(ended)} process(es) of run {run_id}; run dir kept: {run_dir}"
+
+
+class KnownByRunDir:
+    """``recognises``, ``describe`` and ``cancel`` for a backend whose runs are known by their
+    run directory alone (local, Ray): ``launch.json`` names it, ``run_note`` says what it is."""
+
+    name: str
+    run_note: str = ""
+
+    @classmethod
+    def recognises(cls, run_dir: Path) -> bool:
+        return launched_by(run_dir) == cls.name
+
+    @classmethod
+    def describe(cls, target: str) -> Described:
+        return describe_run(target, cls.run_note)
+
+    @classmethod
+    def cancel(cls, target: str) -> str:
+        return cancel_run(target)

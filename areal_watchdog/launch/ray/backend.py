@@ -29,12 +29,7 @@ from areal_watchdog.launch.ray.run import RayRun
 from areal_watchdog.launch.ray.sidecars import ray_sidecar_command
 from areal_watchdog.launch.ray.submission import RaySubmission
 from areal_watchdog.launch.recovery import Recovery
-from areal_watchdog.launch.run_handle import (
-    Described,
-    describe_run,
-    launched_by,
-    run_directory,
-)
+from areal_watchdog.launch.run_handle import KnownByRunDir, run_directory
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
 
@@ -57,10 +52,11 @@ class RayRecovery(Recovery):
         )
 
 
-class RayBackend:
+class RayBackend(KnownByRunDir):
     """A Ray job through the Jobs API; the driver places the sidecars."""
 
     name = "ray"
+    run_note = " (Ray run)"
     recovery = RayRecovery()
 
     @classmethod
@@ -103,14 +99,6 @@ class RayBackend:
     def execute(self, plan: LaunchPlan, out: TextIO = sys.stdout) -> int:
         """Run the plan to the end and return areal-launch's exit code."""
         return RayRun(plan, out).run()
-
-    @classmethod
-    def recognises(cls, run_dir: Path) -> bool:
-        return launched_by(run_dir) == cls.name
-
-    @classmethod
-    def describe(cls, target: str) -> Described:
-        return describe_run(target, " (Ray run)")
 
     @classmethod
     def cancel(cls, target: str) -> str:
