@@ -55,6 +55,17 @@ def processes_under(root: Path) -> list[psutil.Process]:
     return found
 
 
+def sleeper(env: dict[str, str]) -> subprocess.Popen:
+    """A Python process that sleeps 60 s with ``env``, returned once it runs with it: right
+    after a fork, before the exec, /proc still shows the parent's environment."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+        env=env, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    return proc
+
+
 def read_reports(run_dir: Path, folder: str = "incidents") -> list[dict]:
     """Every report.json of a run, oldest first, each validated against the shipped schema."""
     schema = load_schema()

@@ -5,8 +5,6 @@ answers). A local cancel ends every process of the run; the run directory stays.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import psutil
@@ -17,6 +15,7 @@ from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.config.model import WatchdogSection
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_RUN_ID, RunLayout
+from conftest import sleeper
 
 
 def launched(tmp_path: Path, backend: str) -> Path:
@@ -37,7 +36,7 @@ def test_a_local_run_is_shown_and_ended_by_its_handle(
 ) -> None:
     run_dir = launched(tmp_path, "local")
     env = {**os.environ, ENV_RUN_ID: "run-h1"}
-    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    rank = sleeper(env)
     try:
         assert main(["status", f"local://{run_dir}"]) == 0
         assert f"run dir: {run_dir} (local run, no Slurm job)" in capsys.readouterr().out

@@ -5,7 +5,9 @@ with ``collective_seq_id``, ``profiling_name``, ``process_group`` (name, descrip
 own ``pg_id``, sizes and dtypes per collective; ``pg_status`` keyed by each rank's own ``pg_id``
 (ints in NCCL pickles, strings in gloo and JSON dumps; the group *name* is what all ranks share);
 ``pg_config`` with member ranks when the backend filled it in (NCCL). Output: plain data the
-classifier and the report use. Pure functions: nothing here reads files or runs processes.
+classifier and the report use. Pure functions: nothing here reads files or runs processes. Just
+past 400 lines: one analysis (a group's divergence, its missing ranks, the chain between groups)
+whose steps share their data, and that reads best in one place.
 
 For each process group (identified by its name, common to all ranks):
 

@@ -1,6 +1,7 @@
 """The hang patterns, one rule each, tried in order on the ranks sorted by what they do
 (``Scene``): the first that recognises the scene names the category
-(docs/hang-categories.md). Pure: no file is read, no process touched.
+(docs/hang-categories.md). Pure: no file is read, no process touched. Past 400 lines on
+purpose: the rules are read in their order, and one file shows which one wins.
 """
 
 from __future__ import annotations

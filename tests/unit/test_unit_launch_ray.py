@@ -9,7 +9,6 @@ import io
 import json
 import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from areal_watchdog.launch.ray.submission import RaySubmission
 from areal_watchdog.recover.checks import check_resumable
 from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.layout import ENV_RUN_ID, RunLayout
-from conftest import REPO
+from conftest import REPO, sleeper
 
 AREAL = REPO / "examples" / "areal" / "gsm8k_grpo.yaml"
 HEAD = "http://10.1.2.3:8265"
@@ -157,8 +156,7 @@ def test_the_guardian_ends_only_this_run_s_cluster_and_processes(tmp_path: Path)
     layout = RunLayout(tmp_path)
     layout.watch_dir.mkdir(parents=True)
     raylet = subprocess.Popen(["sleep", "30"], start_new_session=True)  # a raylet's group
-    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
-                            env={**os.environ, ENV_RUN_ID: run_id})  # fmt: skip
+    rank = sleeper({**os.environ, ENV_RUN_ID: run_id})
     try:
         record = {"run_id": "another-run", "groups": [raylet.pid]}
         layout.ray_cluster_file.write_text(json.dumps(record))

@@ -18,12 +18,13 @@ from areal_watchdog.rundir.job_mask import job_mask
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_RUN_ID, RunLayout
 from areal_watchdog.rundir.run_processes import kill_run_processes, run_processes
+from conftest import sleeper
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(30)"]
 
 
 def start(run_id: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(SLEEPER, env={**os.environ, ENV_RUN_ID: run_id})
+    return sleeper({**os.environ, ENV_RUN_ID: run_id})
 
 
 def test_the_end_of_a_run_kills_its_processes_and_no_others() -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from areal_watchdog.rundir.layout import ENV_CANCEL_FD
 from areal_watchdog.watch.coordination import Coordinator
 from areal_watchdog.watch.incident import Incidents, job_secrets
 from areal_watchdog.watch.progress import StallClock
+from conftest import sleeper
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "evidence"
 SECRET = "Zq8vLm3xPw7Rk"  # no secret-looking word: only the environment tells
@@ -246,7 +246,7 @@ def test_the_ranks_secrets_are_read_from_their_environment_and_kept_out(
     tmp_path: Path,
 ) -> None:
     env = {**os.environ, "MY_API_TOKEN": SECRET}
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    proc = sleeper(env)
     try:
         assert SECRET in job_secrets([proc.pid])
         assert job_secrets([2**22 + 12345]) == []  # no such process: nothing, no error
