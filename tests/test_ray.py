@@ -271,7 +271,10 @@ def test_a_wedged_server_on_an_existing_clusters_node_is_named_and_only_the_job_
     result = run_areal(
         ray_launcher, ray_harness, "ray", python=sys.executable, backend="ray", prefix=enter,
         env={"RAY_ADDRESS": cluster.address, **existing_ray.auth},
-        overrides=[*TWO_NODES, "+launch.env.AREAL_STANDIN_WEDGE_AFTER=6"],
+        # Under CI's load a Ray node's sidecar once went 20 s without a status while AReaL's
+        # servers started (the run was named node_lost): a node's silence counts after 30 s here.
+        overrides=[*TWO_NODES, "+launch.env.AREAL_STANDIN_WEDGE_AFTER=6",
+                   "+watchdog.node_timeout=30"],
     )  # fmt: skip
     assert result.returncode == 3, result.output[-4000:]
     assert "ray start" not in result.output and "stopping the Ray job" in result.output
