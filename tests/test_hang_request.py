@@ -88,6 +88,16 @@ def test_a_sidecar_acts_on_the_scheduler_only_through_the_recorded_command(
     ]  # fmt: skip
     run.layout.launch_file.chmod(0o620)  # another member of the group could have written it
     assert end_job(run, "77", HangAction.CANCEL).startswith("end-job refused: ")
+    run.layout.launch_file.chmod(0o600)
+    if os.geteuid() == 0:  # a record another user planted: never run
+        os.chown(run.layout.launch_file, 65534, 65534)
+        assert "owned by uid 65534" in end_job(run, "77", HangAction.CANCEL)
+        os.chown(run.layout.launch_file, 0, 0)
+    planted = tmp_path / "planted.json"
+    planted.write_text("{}")
+    run.layout.launch_file.unlink()
+    run.layout.launch_file.symlink_to(planted)  # a link, wherever it points: never run
+    assert end_job(run, "77", HangAction.CANCEL).startswith("end-job refused: ")
     assert (tmp_path / "scheduler.log").read_text().count("end-job") == 1  # it never ran
     local = info(tmp_path, None)
     assert end_orphans(local) == ""  # a local launch: the launcher ends what is left

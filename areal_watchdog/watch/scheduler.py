@@ -11,10 +11,10 @@ import json
 import os
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
 from areal_watchdog.config.model import HangAction
 from areal_watchdog.rundir.launch_info import LaunchInfo
+from areal_watchdog.watch.progress import trusted_log_problem
 
 SCHEDULER_TIMEOUT = 60.0  # seconds for one scheduler command (a busy slurmctld answers slowly)
 
@@ -51,9 +51,10 @@ def end_orphans(info: LaunchInfo) -> str:
 def _run(info: LaunchInfo, args: list[str]) -> str:
     if not info.scheduler_command:
         raise RuntimeError("this launch recorded no scheduler command")
-    refused = _untrusted(info.layout.launch_file)
+    # the launcher wrote it 0600 in a run directory nobody else writes; anything else, not run
+    refused = trusted_log_problem(info.layout.launch_file, os.getuid())
     if refused:
-        return f"{args[0]} refused: {refused}"
+        return f"{args[0]} refused: {info.layout.launch_file} is not this user's alone ({refused})"
     try:
         out = subprocess.run(
             [*info.scheduler_command, *args],
@@ -66,16 +67,3 @@ def _run(info: LaunchInfo, args: list[str]) -> str:
         return f"{args[0]} failed: {exc}"
     lines = (out.stdout.strip() or out.stderr.strip()).splitlines()
     return lines[-1] if lines else ""
-
-
-def _untrusted(record: Path) -> str | None:
-    """Why a command recorded in ``record`` must not run: a file another user owns or may
-    write (the launcher writes it 0600 in a run directory nobody else writes)."""
-    try:
-        st = record.stat()
-    except OSError as exc:
-        return f"cannot read {record}: {exc.strerror}"
-    if st.st_uid != os.getuid() or st.st_mode & 0o022:
-        mode = f"{st.st_mode & 0o777:o}"
-        return f"{record} is not this user's alone (owner uid {st.st_uid}, mode {mode})"
-    return None
