@@ -238,6 +238,16 @@ def test_quiet_exit_zero_among_failures_is_the_culprit() -> None:
     assert (verdict.category, verdict.culprit_ranks) == ("rank_crashed", [1])
 
 
+def test_a_failed_job_whose_ranks_all_returned_says_so() -> None:
+    """CI's saturated-vLLM run: every rank returned with code 0 by the time its evidence was
+    read; the report must not say no rank left an exit record."""
+    ended = ExitInfo(code=0, kind="returned", time=4.0)
+    ranks = [rank(r, [], state=EXITED, exit=ended) for r in range(2)]
+    verdict = classify(Evidence(world_size=2, ranks=ranks, job_failed=True))
+    said = "Ranks 0-1 returned with code 0 and no rank failed; see the log tails."
+    assert verdict.summary == said
+
+
 def test_no_stacks_at_all_is_unknown_but_explained() -> None:
     ranks = [
         RankEvidence(rank=r, state="unresponsive", error="py-spy: Permission denied")

@@ -22,6 +22,7 @@ HEALTHY = Snapshot(
     alive=frozenset({0, 1, 2, 3}),
     others_alive=0,
     gone=frozenset(),
+    gone_clean=False,
     gone_since=None,
     crash_grace=5.0,
     gpus_quiet_for=0.0,
@@ -69,6 +70,7 @@ def test_a_rank_that_exits_while_others_live_waits_out_the_grace() -> None:
     gone = replace(HEALTHY, alive=frozenset({0, 1, 2}), gone=frozenset({3}), gone_since=98.0)
     assert triggers(gone) == []
     assert triggers(replace(gone, now=104.0)) == [Trigger.RANK_EXITED]
+    assert triggers(replace(gone, now=104.0, gone_clean=True)) == []  # done, not failed
 
 
 def test_a_silent_node_is_reported_once_and_ends_the_silence_too() -> None:

@@ -374,12 +374,12 @@ def _crash_verdict(evidence: Evidence, acts: dict[int, Activity]) -> Verdict:
             f"{_error_line(first)}); every failure looks like a consequence of a lost peer."
             f"{peer_note}",
         )
-    return Verdict(
-        "rank_crashed",
-        0.3,
-        [],
-        "The job failed but no rank left an exit record; see the log tails.",
+    told = (
+        f"{cap(ranks_phrase([r.rank for r in quiet]))} returned with code 0 and no rank failed"
+        if quiet
+        else "The job failed but no rank left an exit record"
     )
+    return Verdict("rank_crashed", 0.3, [], f"{told}; see the log tails.")
 
 
 def _is_secondary(rank: RankEvidence) -> bool:

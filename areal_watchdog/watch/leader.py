@@ -40,6 +40,7 @@ class Leader:
             alive=frozenset(alive),
             others_alive=self.others_alive(),
             gone=frozenset(gone),
+            gone_clean=gone <= self.finished_ranks(),
             gone_since=self.gone_since,
             crash_grace=wd.crash_grace,
             gpus_quiet_for=self.gpus_quiet_for(now),
@@ -107,6 +108,14 @@ class Leader:
             if node != self.node:
                 count += len(status.get("workers_alive", []))
         return count
+
+    def finished_ranks(self) -> set[int]:
+        """The gone ranks, on every node, whose own exit record says they returned cleanly."""
+        ranks = self.watch.finished_ranks()
+        for node, status in self.statuses.items():
+            if node != self.node:
+                ranks |= set(status.get("ranks_done", []))
+        return ranks
 
     def gone_ranks(self) -> set[int]:
         ranks = set(self.watch.gone)

@@ -13,7 +13,7 @@ import psutil
 
 from areal_watchdog.evidence.discovery import JobProcess, Scope, discover, helpers
 from areal_watchdog.evidence.flight_recorder import collect
-from areal_watchdog.evidence.gather import GatherSettings, gather_node, gather_workers
+from areal_watchdog.evidence.gather import GatherSettings, exit_info, gather_node, gather_workers
 from areal_watchdog.evidence.gpu import GpuBackend, IdleTracker, NoGpu
 from areal_watchdog.evidence.model import RankEvidence
 from areal_watchdog.evidence.rollout import gather_rollout
@@ -68,6 +68,7 @@ class NodeWatch:
     gone: dict[int, JobProcess] = field(default_factory=dict)
     workers: dict[int, _Watched] = field(default_factory=dict)
     workers_gone: dict[int, JobProcess] = field(default_factory=dict)
+    done_pids: set[int] = field(default_factory=set)  # gone ranks whose record says code 0
     polls: int = 0
 
     @property
@@ -157,6 +158,16 @@ class NodeWatch:
             return
         self.gpus.update(samples, {w.proc.pid for w in self.live.values()}, now)
 
+    def finished_ranks(self) -> set[int]:
+        """The gone ranks that ended cleanly by their own exit record (code 0, no exception): a
+        rank done with its work, not one that left its peers by failing."""
+        for proc in self.gone.values():
+            if proc.pid not in self.done_pids:
+                info = exit_info(self.layout, proc, "")
+                if info.code == 0 and not info.exc_type:
+                    self.done_pids.add(proc.pid)
+        return {rank for rank, proc in self.gone.items() if proc.pid in self.done_pids}
+
     def local_ranks(self) -> list[int]:
         """The ranks of this node, live or ended."""
         return sorted({*self.live, *self.gone})
@@ -190,5 +201,6 @@ class NodeWatch:
         return {
             "ranks_alive": {str(r): w.proc.pid for r, w in sorted(self.live.items())},
             "ranks_gone": sorted(self.gone),
+            "ranks_done": sorted(self.finished_ranks()),
             "workers_alive": sorted(w.proc.label() for w in self.workers.values()),
         }

@@ -34,6 +34,7 @@ class Snapshot:
     alive: frozenset[int]  # ranks alive on any node
     others_alive: int  # other processes of the job alive on any node (AReaL's controller...)
     gone: frozenset[int]  # ranks that ended on any node
+    gone_clean: bool  # every one of them returned with code 0 by its own exit record
     gone_since: float | None  # when a rank was first seen gone while others lived
     crash_grace: float
     gpus_quiet_for: float  # every GPU idle or spinning for this long (0: unknown or busy)
@@ -100,7 +101,12 @@ def _job_ended(snap: Snapshot, reported: Reported) -> Rule:
 
 
 def _rank_exited(snap: Snapshot, reported: Reported) -> Rule:
+    """A rank that failed or was killed while its peers live on. One that returned cleanly is
+    done with its work (rank 0 of a finished job may still save while its peers have ended, or
+    a peer may still join its threads): if that strands the others, the stall clock says so."""
     if snap.ending_on_purpose or reported.failure or not (snap.gone and snap.alive):
+        return None, reported
+    if snap.gone_clean:
         return None, reported
     if snap.gone_since is None or snap.now - snap.gone_since < snap.crash_grace:
         return None, reported

@@ -68,7 +68,8 @@ class Node(JobEnd, Leader):
 
     def __init__(
         self, run_dir: Path, nodes: tuple[str, ...] = ("n1",), live: tuple[int, ...] = (0, 1),
-        gone: tuple[int, ...] = (), run_id: str = "r1", **watchdog: Any,
+        gone: tuple[int, ...] = (), done: tuple[int, ...] = (), run_id: str = "r1",
+        **watchdog: Any,
     ) -> None:  # fmt: skip
         wd = WatchdogSection(stall_timeout=THRESHOLD, poll_interval=0.05, **watchdog)
         self.info = LaunchInfo(
@@ -84,7 +85,7 @@ class Node(JobEnd, Leader):
         self.clock = StallClock(THRESHOLD, 60.0, started_at=0.0)
         self.watch = SimpleNamespace(
             live=dict.fromkeys(live), gone=dict.fromkeys(gone), workers={},
-            gpus=SimpleNamespace(last=[], quiet_since=None),
+            gpus=SimpleNamespace(last=[], quiet_since=None), finished_ranks=lambda: set(done),
         )  # fmt: skip
         self.coordinator = FakeCoordinator()
         self.incidents = FakeIncidents()
@@ -135,6 +136,20 @@ def test_a_rank_gone_while_others_live_is_reported_after_the_crash_grace(tmp_pat
     node.lead(21.0)
     node.lead(22.0)
     assert node.incidents.opened == [(Trigger.RANK_EXITED, ())]
+
+
+def test_a_rank_that_returned_cleanly_while_a_peer_still_ends_is_no_failure(
+    tmp_path: Path,
+) -> None:
+    """CI's saturated-vLLM run: rank 0 returned after the last step while rank 1 still joined
+    its HTTP threads; that is a job ending, not a rank that left its peers."""
+    for peer_done, opened in (([2], []), ([], [(Trigger.RANK_EXITED, ())])):
+        node = Node(tmp_path, live=(1,), gone=(0,), done=(0,))
+        node.statuses = {"n2": {"ranks_gone": [2], "ranks_done": peer_done}}
+        node.clock.step(3, 10.0)
+        for now in (10.5, 21.0, 25.0):
+            node.lead(now)
+        assert node.incidents.opened == opened and node.lines == []
 
 
 def test_exits_after_the_watchdogs_own_cancel_are_no_new_failure(tmp_path: Path) -> None:

@@ -27,9 +27,9 @@ wait_in_the_collective()
 """
 
 
-def start_rank(tmp_path: Path, run_id: str) -> subprocess.Popen:
+def start_rank(tmp_path: Path, run_id: str, source: str = RANK_SCRIPT) -> subprocess.Popen:
     script = tmp_path / "train.py"
-    script.write_text(RANK_SCRIPT)
+    script.write_text(source)
     env = {
         **os.environ, ENV_RUN_ID: run_id, ENV_WATCH_DIR: str(RunLayout(tmp_path).watch_dir),
         ENV_NODE: "n1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
@@ -57,7 +57,8 @@ def test_a_rank_is_found_its_stack_taken_and_its_end_noticed(tmp_path: Path) -> 
         wait_for(layout.registration(0, "n1"))
         watch.refresh(time.time())
         assert watch.summary() == {
-            "ranks_alive": {"0": rank.pid}, "ranks_gone": [], "workers_alive": []
+            "ranks_alive": {"0": rank.pid}, "ranks_gone": [], "ranks_done": [],
+            "workers_alive": [],
         }  # fmt: skip
         assert watch.pids() == [rank.pid] and watch.local_ranks() == [0]
         time.sleep(0.1)  # until the rank is inside its script
@@ -69,7 +70,24 @@ def test_a_rank_is_found_its_stack_taken_and_its_end_noticed(tmp_path: Path) -> 
         rank.wait()
         watch.refresh(time.time())
         assert watch.summary()["ranks_gone"] == [0] and watch.summary()["ranks_alive"] == {}
+        assert watch.summary()["ranks_done"] == []  # killed: no clean return
         assert lines[-1].endswith("exited; 0 ranks alive here")
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+def test_a_rank_that_returns_is_done_not_failed(tmp_path: Path) -> None:
+    run_id = f"unit-{uuid.uuid4().hex}"
+    layout = RunLayout(tmp_path)
+    watch = NodeWatch(layout, Scope(run_id, "n1", world_size=1), expected=1)
+    rank = start_rank(tmp_path, run_id, "import time\ntime.sleep(1)\n")
+    try:
+        wait_for(layout.registration(0, "n1"))
+        watch.refresh(time.time())
+        rank.wait(timeout=30)
+        watch.refresh(time.time())
+        assert watch.summary()["ranks_gone"] == watch.summary()["ranks_done"] == [0]
     finally:
         rank.kill()
         rank.wait()
