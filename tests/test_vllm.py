@@ -31,7 +31,7 @@ from test_areal import AREAL
 from test_rollout_hangs import CONFIG, FAST, free_port_pair
 
 from areal_watchdog.evidence.servers import probe
-from conftest import REPO, Launcher, suspected_looks
+from conftest import REPO, Launcher, LaunchResult, read_reports, suspected_looks
 
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 pytestmark = [
@@ -211,10 +211,10 @@ def tokens_per_second(address: str, seconds: float = 6.0) -> float:
 def test_a_saturated_server_that_generates_is_busy_not_hung(
     launcher: Launcher, vllm_server: str, vllm_model: Path
 ) -> None:
-    """Other clients keep the job's real vLLM full (dozens of requests queued), so every step
-    waits in its queue longer than the 8 s stall threshold, under ``on_hang: cancel``. The
-    second looks see the server generate: busy, not hung, with its numbers; the job is never
-    cancelled and nobody is paged."""
+    """Other clients keep the job's real vLLM full (dozens of requests queued) from its first
+    step on, so every later step waits in its queue longer than the 8 s stall threshold, under
+    ``on_hang: cancel``. The second looks see the server generate: busy, not hung, with its
+    numbers; the job is never cancelled and nobody is paged."""
     with Saturation(vllm_server, vllm_model, 64, tokens=240):
         rate = tokens_per_second(vllm_server)
     # A queue that drains in about 10 s at that rate: 15-30 s once the job and its watchdog
@@ -222,13 +222,21 @@ def test_a_saturated_server_that_generates_is_busy_not_hung(
     clients = int(min(200, max(16, 10 * rate / 240)))
     port = vllm_server.rsplit(":", 1)[1]
     demo = [f"demo.server_port={port}", "demo.server=vllm", "demo.start_server=false",
-            f"demo.vllm_model={vllm_model}", "demo.hang=none", "demo.steps=3",
-            "demo.max_concurrent_rollouts=4", "watchdog.stall_timeout=8",
-            "watchdog.startup_timeout=120"]  # fmt: skip
+            f"demo.vllm_model={vllm_model}", "demo.hang=none", "demo.steps=4",
+            "demo.max_concurrent_rollouts=4", "watchdog.stall_timeout=8"]  # fmt: skip
+    # The saturation starts after the first step: a saturated vLLM pinned to a core left the
+    # ranks 2-4 % of a CPU, and their `import torch` took minutes (no first step in 180 s).
+    proc, run_dir = launcher.start([*FAST, *demo], config=CONFIG, trial="busy")
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "Train step 1/4 done" in line:
+            break
     with Saturation(vllm_server, vllm_model, clients, tokens=240):
-        time.sleep(4)
+        time.sleep(2)
         assert probe(vllm_server).get("queued", 0) >= 10, probe(vllm_server)
-        result = launcher.run([*FAST, *demo], config=CONFIG, trial="busy", timeout=420)
+        output = "".join(seen) + proc.communicate(timeout=420)[0]
+    result = LaunchResult(proc.returncode, output, run_dir, read_reports(run_dir))
     assert result.returncode == 0, result.output[-3000:]
     assert result.reports == []  # never cancelled, nobody paged
     looks = suspected_looks(result.run_dir)
@@ -239,4 +247,4 @@ def test_a_saturated_server_that_generates_is_busy_not_hung(
         r"requests in [\d.]+ s \([\d,]+ tokens/s; running \d+, queued \d+\): busy, not hung",
         busy[0]["summary"],
     ), busy[0]["summary"]
-    assert "busy, not hung" in result.output and "job completed (last step 3)" in result.output
+    assert "busy, not hung" in result.output and "job completed (last step 4)" in result.output
