@@ -73,18 +73,20 @@ def _launch_parser(backend: str) -> argparse.ArgumentParser:
         nargs="*",
         help="Hydra-style overrides: key=value, +key=value (add), ~key (delete)",
     )
-    parser.add_argument("--watchdog", action="store_true", help="start the watchdog sidecar")
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print the plan (commands, environment, files) and start nothing",
-    )
-    parser.add_argument(
-        "--ignore-preflight",
-        action="store_true",
-        help="launch even if the config has a trap that will hang it (docs/configuration.md)",
+    _switches(
+        parser,
+        watchdog="start the watchdog sidecar",
+        dry_run="print the plan (commands, environment, files) and start nothing",
+        ignore_preflight="launch even if the config has a trap that will hang it "
+        "(docs/configuration.md)",
     )
     return parser
+
+
+def _switches(parser: argparse.ArgumentParser, **helps: str) -> None:
+    """On/off options, named as their ``dest`` (``dry_run`` is ``--dry-run``)."""
+    for dest, text in helps.items():
+        parser.add_argument(f"--{dest.replace('_', '-')}", action="store_true", help=text)
 
 
 def _sinks(config: JobConfig) -> list[SinkSpec]:
@@ -238,16 +240,11 @@ def cmd_replay(argv: list[str], _watchdog: bool) -> int:
         help="take --groups from this dumped step's batch, fed as --step (a bisection replays "
         "groups of the step before, which trained, to tell a hang keyed on the step)",
     )
-    parser.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
-    parser.add_argument(
-        "--unsafe-load",
-        action="store_true",
-        help="allow full unpickling of dump files (only for dumps you trust)",
-    )
-    parser.add_argument(
-        "--allow-config-change",
-        action="store_true",
-        help="replay even if the config differs from the recording's",
+    _switches(
+        parser,
+        dry_run="print the plan, start nothing",
+        unsafe_load="allow full unpickling of dump files (only for dumps you trust)",
+        allow_config_change="replay even if the config differs from the recording's",
     )
     args = parser.parse_intermixed_args(argv)
     if args.last is not None and args.step is not None:

@@ -11,10 +11,11 @@ import base64
 import binascii
 import os
 import stat
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from areal_watchdog.common.plain_record import PlainRecord
 from areal_watchdog.config.checks import Checker, default
 
 SINK_TYPES = ("slack", "webhook")
@@ -24,7 +25,7 @@ SLACK_API = "https://slack.com/api/chat.postMessage"  # where a bot token posts 
 
 
 @dataclass(frozen=True)
-class SinkSpec:
+class SinkSpec(PlainRecord):
     """One receiver; names of where its URL and secret come from, never the values."""
 
     type: str
@@ -45,13 +46,6 @@ class SinkSpec:
     def key(self) -> str:
         """A stable, secret-free identity (used in delivery ids and the spool)."""
         return self.name
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SinkSpec:
-        return cls(**data)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from areal_watchdog.common.plain_record import PlainRecord
+
 PASS, WARN, FAIL = "pass", "warn", "fail"
 STATUSES = (PASS, WARN, FAIL)
 
@@ -38,7 +40,7 @@ def failed(checks: list[Check]) -> bool:
 
 
 @dataclass(frozen=True)
-class NodeSpec:
+class NodeSpec(PlainRecord):
     """What every node checks, taken from the config (or this machine's defaults)."""
 
     python: str
@@ -51,13 +53,6 @@ class NodeSpec:
     areal_needed: bool = False  # the config is an AReaL experiment
     notify: list[dict[str, Any]] = field(default_factory=list)  # SinkSpec dicts: no secrets
     shared_dir: str | None = None  # Slurm: a folder the launcher made, that every node must see
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> NodeSpec:
-        return cls(**data)
 
 
 @dataclass(frozen=True)

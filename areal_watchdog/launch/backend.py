@@ -19,7 +19,12 @@ from areal_watchdog.common.errors import UserError
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.plan import LaunchPlan
 from areal_watchdog.launch.recovery import Recovery
-from areal_watchdog.launch.run_handle import Described, run_directory, split_handle
+from areal_watchdog.launch.run_handle import (
+    Described,
+    UnrecordedRun,
+    run_directory,
+    split_handle,
+)
 
 ENTRY_POINTS = "areal_watchdog.backends"
 BACKENDS = {  # name -> "module:class"
@@ -63,6 +68,11 @@ class Backend(Protocol):
         ...
 
     @classmethod
+    def recognises_job(cls, text: str) -> bool:
+        """Whether ``text`` (no run directory) is a job id of this backend (Slurm: ``123``)."""
+        ...
+
+    @classmethod
     def describe(cls, target: str) -> Described:
         """What ``areal-launch status`` shows of a run this backend launched (its id in the
         handle: a run directory, a Slurm job id)."""
@@ -83,19 +93,22 @@ def backend_names() -> list[str]:
 def resolve_target(text: str) -> tuple[type[Backend], str]:
     """The backend of a run and its id there: from a handle (``slurm://123``,
     ``local://RUN_DIR``), from the run directory (the backend that recognises it, else this
-    machine's), or a bare Slurm job id."""
+    machine's: its processes carry the run's id), or a job id a backend recognises."""
     scheme, target = split_handle(text)
     if scheme is not None:
         return backend_class(scheme), target
+    kinds = [backend_class(name) for name in backend_names()]
     path = Path(text)
     if not (path.is_dir() or path.is_symlink()):
-        return backend_class("slurm"), text
+        for kind in kinds:
+            if kind.recognises_job(text):
+                return kind, text
+        raise UserError(f"{text}: neither a run directory nor a job id of a backend")
     run_dir = run_directory(text)
-    for name in backend_names():
-        kind = backend_class(name)
+    for kind in kinds:
         if kind.recognises(run_dir):
             return kind, text
-    return backend_class("local"), text
+    return UnrecordedRun, text
 
 
 def backend_class(name: str) -> type[Backend]:

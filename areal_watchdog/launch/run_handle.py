@@ -77,9 +77,21 @@ class KnownByRunDir:
         return launched_by(run_dir) == cls.name
 
     @classmethod
+    def recognises_job(cls, text: str) -> bool:
+        return False  # its runs have no id but their directory
+
+    @classmethod
     def describe(cls, target: str) -> Described:
         return describe_run(target, cls.run_note)
 
     @classmethod
     def cancel(cls, target: str) -> str:
         return cancel_run(target)
+
+
+class UnrecordedRun(KnownByRunDir):
+    """A run directory no backend recognises (no ``launch.json`` names one): its records, and
+    whatever of it runs on this machine."""
+
+    name = ""
+    run_note = " (no backend named in watchdog/launch.json)"

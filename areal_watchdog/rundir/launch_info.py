@@ -27,7 +27,8 @@ class LaunchInfo:
     fileroot: str
     watchdog: WatchdogSection
     trajectory_dir: str | None = None
-    job_id: str | None = None
+    job_id: str | None = None  # the scheduler's name for the job (Slurm's id, Ray's submission)
+    job_address: str | None = None  # where that scheduler answers for it (Ray: the Jobs API)
     mode: str = "torchrun"  # torchrun | single_controller | spmd (config.model.LAUNCH_MODES)
     rank_role: str | None = None  # single controller: the AReaL role whose workers are ranks
     # AReaL's single controller on Slurm: ``nodes`` is the controller's host, the leader; the

@@ -18,18 +18,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
-from areal_watchdog.common.errors import ConfigError, UserError
+from areal_watchdog.common.errors import ConfigError
 from areal_watchdog.config.entrypoint import launch_mode, resolve_entrypoint
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.areal import areal_environment, plan_areal, script_command
 from areal_watchdog.launch.job import job_environment, launch_files, rank_command, stale_state
 from areal_watchdog.launch.plan import LaunchPlan, ProcessSpec
+from areal_watchdog.launch.ray import handle
 from areal_watchdog.launch.ray.cluster import OwnCluster
 from areal_watchdog.launch.ray.run import RayRun
 from areal_watchdog.launch.ray.sidecars import ray_sidecar_command
 from areal_watchdog.launch.ray.submission import RaySubmission
 from areal_watchdog.launch.recovery import Recovery
-from areal_watchdog.launch.run_handle import KnownByRunDir, run_directory
+from areal_watchdog.launch.run_handle import Described, KnownByRunDir
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
 
@@ -85,9 +86,12 @@ class RayBackend(KnownByRunDir):
         info = LaunchInfo.for_config(
             config, run_id, self.name, layout.run_dir, job.world_size, nodes, mode, job.rank_role
         )
-        info = replace(info, step_logs=[str(layout.ray_driver_log)])  # what Ray forwards
-        processes = _processes(config, layout, env, cluster, len(nodes) or 1, watchdog, mode)
         submission = RaySubmission(address, cluster, f"areal-watchdog-{run_id}", python)
+        info = replace(
+            info, step_logs=[str(layout.ray_driver_log)],  # what Ray forwards
+            job_id=submission.submission_id, job_address=address,
+        )  # fmt: skip
+        processes = _processes(config, layout, env, cluster, len(nodes) or 1, watchdog, mode)
         return LaunchPlan(
             backend=self.name, run_id=run_id, run_dir=str(layout.run_dir),
             files=launch_files(config, info, watchdog, job.tree), processes=processes,
@@ -101,12 +105,12 @@ class RayBackend(KnownByRunDir):
         return RayRun(plan, out).run()
 
     @classmethod
+    def describe(cls, target: str) -> Described:
+        return handle.describe(target, cls.run_note)
+
+    @classmethod
     def cancel(cls, target: str) -> str:
-        run_dir = run_directory(target)
-        raise UserError(
-            f"{run_dir}: cancelling a Ray run is not here yet: `ray job stop` its submission "
-            "(areal-watchdog-<run id>, in watchdog/launch.json)"
-        )
+        return handle.cancel(target)
 
     def release(self) -> None:
         """Nothing outlives a run here."""

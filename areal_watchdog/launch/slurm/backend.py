@@ -42,6 +42,7 @@ from areal_watchdog.launch.slurm.areal import (
 )
 from areal_watchdog.launch.slurm.jobs import (
     ACTIVE_STATES,
+    JOB_ID,
     job_state,
     recorded_job_id,
     wait_for_job,
@@ -165,6 +166,10 @@ class SlurmBackend:
     @classmethod
     def recognises(cls, run_dir: Path) -> bool:
         return handle.recognises(run_dir)
+
+    @classmethod
+    def recognises_job(cls, text: str) -> bool:
+        return JOB_ID.fullmatch(text) is not None
 
     @classmethod
     def describe(cls, target: str) -> Described:

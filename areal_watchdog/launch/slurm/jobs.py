@@ -134,7 +134,8 @@ def job_steps(job_id: str) -> list[str]:
 def cancel_job(job_id: str) -> None:
     out = slurm(["scancel", checked_job_id(job_id)])
     if out.returncode != 0:
-        raise UserError(f"scancel {job_id} failed: {out.stderr.strip()}")
+        said = out.stderr.strip().splitlines() or ["no message"]
+        raise UserError(f"scancel {job_id} failed: {said[-1]}")  # the last line says why
 
 
 def node_statuses(run_dir: Path) -> list[dict[str, Any]]:
