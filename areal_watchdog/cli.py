@@ -9,6 +9,7 @@
     areal-launch notify-test CONFIG [key=value ...]
     areal-launch diagnose PATH [--json]
     areal-launch doctor [CONFIG] [key=value ...] [--slurm]
+    areal-launch check-consistency RUN_DIR [--steps 0,2-3] [--weights DIR] [--plot FILE]
 
 Exit codes: 0 completed (after resumes too), 1 the job failed, 2 bad usage or configuration,
 3 a hang was detected and the job cancelled (``watchdog.on_hang: cancel``, or ``resume`` gave
@@ -59,6 +60,7 @@ COMMANDS = (
     "notify-test",
     "diagnose",
     "doctor",
+    "check-consistency",
 )
 
 
@@ -325,6 +327,13 @@ def cmd_diagnose(argv: list[str], _watchdog: bool) -> int:
     return 0
 
 
+def cmd_check_consistency(argv: list[str], watchdog: bool) -> int:
+    """Imported when asked for: it loads torch and transformers."""
+    from areal_watchdog.trajectory.check_consistency import cmd_check_consistency as run
+
+    return run(argv, watchdog)
+
+
 HANDLERS: dict[str, Callable[[list[str], bool], int]] = {
     "status": cmd_status,
     "cancel": cmd_cancel,
@@ -332,6 +341,7 @@ HANDLERS: dict[str, Callable[[list[str], bool], int]] = {
     "notify-test": cmd_notify_test,
     "diagnose": cmd_diagnose,
     "doctor": cmd_doctor,
+    "check-consistency": cmd_check_consistency,
 }
 
 

@@ -437,6 +437,16 @@ def test_spmd_wedged_server_is_named_and_a_dumped_step_replays_without_servers(
     logs = launcher.root / "logs" / getpass.getuser() / "gsm8k-grpo" / "spmd_replay0"
     trained = (logs / "trainer.log").read_text(errors="replace")
     assert trained.count("Train step ") == 1 and "Training completes!" in trained
+    # The same dumped step, checked for rollout consistency: the stand-in samples from the same
+    # tiny model (float32) as transformers scores it with (actor.path: version 0's weights).
+    checked = subprocess.run(
+        [sys.executable, "-m", "areal_watchdog.cli", "check-consistency", str(result.run_dir)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    (row,) = [line.split() for line in checked.stdout.splitlines() if line.startswith("0 ")]
+    assert int(row[1]) > 0 and float(row[2]) < 0.05, checked.stdout  # tokens, mean |gap|
+    assert (result.run_dir / "consistency" / "steps-0.svg").is_file()
 
 
 @needs_areal

@@ -54,6 +54,31 @@ def test_kill_9_of_the_launcher_leaves_no_process_of_the_run(launcher: Launcher)
     assert left == [], [p.cmdline() for p in left]
 
 
+def test_what_a_job_that_failed_by_itself_left_running_is_ended(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """CI caught AReaL 2.0's controller failing to start a worker: it exited 1 and the workers
+    it had forked (sessions of their own) lived on. A job that ends by itself, well or not,
+    leaves no process of its run behind."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import subprocess, sys\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', sys.argv[0]],\n"
+        "                 start_new_session=True)\n"
+        "sys.exit(1)\n"
+    )  # fmt: skip
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "experiment_name: leftovers\ntrial_name: t\ncluster: {fileroot: /tmp}\n"
+        f"launch: {{entrypoint: {script}, nproc_per_node: 1}}\n"
+        "watchdog: {stall_timeout: 30, startup_timeout: 60, poll_interval: 0.25}\n"
+    )
+    result = launcher.run([], config=config)
+    assert result.returncode == 1, result.output[-3000:]
+    left = gone_within(tmp_path, 10)
+    assert left == [], [p.cmdline() for p in left]
+
+
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT])
 def test_an_interrupt_ends_everything_and_pages_nobody(launcher: Launcher, sig: int) -> None:
     proc, run_dir = launcher.start(HEALTHY_LONG)

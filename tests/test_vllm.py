@@ -30,6 +30,7 @@ from recording import record_evidence
 from test_areal import AREAL
 from test_rollout_hangs import CONFIG, FAST, free_port_pair
 
+from areal_watchdog.common.parent import die_with_parent
 from areal_watchdog.evidence.servers import probe
 from conftest import REPO, Launcher, LaunchResult, read_reports, suspected_looks
 
@@ -76,7 +77,8 @@ def vllm_server(vllm_model: Path) -> Iterator[str]:
         "2",
     ]  # fmt: skip (2 running: more clients queue)
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    server = subprocess.Popen(argv, env=env, start_new_session=True,
+    # ended with pytest even when pytest itself is killed (its fixtures then never finish)
+    server = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=die_with_parent,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     address = f"127.0.0.1:{port}"
     try:

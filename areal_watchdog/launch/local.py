@@ -242,9 +242,12 @@ class _Piped:
         self.pump = OutputPump(self.proc.stdout, out, self.log, mask)
 
     def stop(self, run_id: str, grace: float) -> None:
-        """End it (and, with it, every process of the run), then close its log."""
+        """End it and every process of the run (what a job that ended by itself left running:
+        AReaL's forked workers live in sessions of their own), then close its log."""
         if self.proc.poll() is None:
             stop_job(self.proc, run_id, grace=grace)
+        else:
+            kill_run_processes(run_id)
         self.pump.thread.join(timeout=5)
         self.log.close()
 

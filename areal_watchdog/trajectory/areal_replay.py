@@ -36,16 +36,25 @@ class ArealReplay:
     resharding: list[str] = field(default_factory=list)
 
 
-def recover_info_dir(raw: dict[str, Any]) -> Path | None:
-    """Where AReaL keeps the run's recover info, or None when the run did not save any."""
-    section = raw.get("recover")
-    if not isinstance(section, dict) or section.get("mode") in (None, "disabled", "off"):
+def checkpoint_root(section: object) -> Path | None:
+    """Where AReaL saves what a config section (``saver``, ``recover``) names:
+    ``<fileroot>/checkpoints/<user>/<experiment>/<trial>`` (``areal/utils/saver.py``)."""
+    if not isinstance(section, dict):
         return None
     names = [section.get(k) for k in ("fileroot", "experiment_name", "trial_name")]
     if not all(isinstance(n, str) and n for n in names):
         return None
     fileroot, experiment, trial = names
-    return Path(fileroot, "checkpoints", getpass.getuser(), experiment, trial, "recover_info")
+    return Path(fileroot, "checkpoints", getpass.getuser(), experiment, trial)
+
+
+def recover_info_dir(raw: dict[str, Any]) -> Path | None:
+    """Where AReaL keeps the run's recover info, or None when the run did not save any."""
+    section = raw.get("recover")
+    if not isinstance(section, dict) or section.get("mode") in (None, "disabled", "off"):
+        return None
+    root = checkpoint_root(section)
+    return root / "recover_info" if root else None
 
 
 def recovered_step(info_dir: Path) -> int | None:

@@ -82,7 +82,7 @@ def incident_time(layout: RunLayout) -> float | None:
 
 
 def choose_steps(
-    request: ReplayRequest, available: dict[int, list[Path]], before: float | None, dump_dir: Path
+    request: ReplayRequest, available: dict[int, list[Path]], before: float | None, dumps: Path
 ) -> list[int]:
     """The steps to replay; by default the newest step dumped before the newest incident."""
     listing = format_ranks(sorted(available)) or "none"
@@ -110,7 +110,7 @@ def choose_steps(
             raise UserError(f"no step was dumped before the incident (dumped steps: {listing})")
         wanted = [max(candidates)]
     missing = [s for s in wanted if s not in available]
-    problems = [p for s in missing for p in step_problems(dump_dir, s)]
+    problems = [p for s in missing for p in step_problems(dumps, s)]
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise UserError(f"cannot replay: {problems[0]}{more}")
@@ -160,15 +160,15 @@ def plan_replay_config(request: ReplayRequest) -> ReplayConfig:
             f"(no {layout.launch_config.relative_to(layout.run_dir)})"
         )
     original = load_config(layout.launch_config)
-    dump_dir = _dump_dir(original, layout.run_dir)
-    available = complete_steps(dump_dir)
+    dumps = dump_dir(original, layout.run_dir)
+    available = complete_steps(dumps)
     if not available:
         raise UserError(
-            f"{dump_dir}: no complete trajectory dump; dumping is on by default "
+            f"{dumps}: no complete trajectory dump; dumping is on by default "
             "with --watchdog (watchdog.trajectory.enabled) and needs the training "
             "script to record its batches (areal_watchdog.trajectory)"
         )
-    steps = choose_steps(request, available, incident_time(layout), dump_dir)
+    steps = choose_steps(request, available, incident_time(layout), dumps)
     from areal_watchdog.trajectory.reader import loadable_problem  # torch: only for a replay
 
     manifests = []
@@ -184,7 +184,7 @@ def plan_replay_config(request: ReplayRequest) -> ReplayConfig:
         _check_groups(request, steps, sum(int(m.get("groups") or 0) for m in fed))
     trial = _new_trial(original, steps, request.groups, request.groups_of)
     env = {
-        ENV_REPLAY_DIR: str(dump_dir),
+        ENV_REPLAY_DIR: str(dumps),
         ENV_REPLAY_STEPS: ",".join(map(str, steps)),
         ENV_REPLAY_SOURCE: str(layout.run_dir),
         ENV_REPLAY_VERIFIED: "1",
@@ -220,7 +220,7 @@ def plan_replay_config(request: ReplayRequest) -> ReplayConfig:
         overrides += [
             "++trajectory_debug.replay_rollout_data=true",
             "++trajectory_debug.dump_rollout_data=false",
-            f"++trajectory_debug.path={dump_dir}",
+            f"++trajectory_debug.path={dumps}",
         ]
     config = load_config(layout.launch_config, [*overrides, *request.overrides])
     recorded_hash = next((m.get("config_hash") for m in manifests if m.get("config_hash")), None)
@@ -240,7 +240,7 @@ def plan_replay_config(request: ReplayRequest) -> ReplayConfig:
     return ReplayConfig(config, steps, weights)
 
 
-def _dump_dir(original: JobConfig, run_dir: Path) -> Path:
+def dump_dir(original: JobConfig, run_dir: Path) -> Path:
     """Where the run's dumps are: below RUN_DIR as given when they were below the run's own
     directory (a copied or moved run directory replays its own dumps, never the original's),
     else the path the config names."""

@@ -1,0 +1,76 @@
+"""The rollout-consistency figures and flags (``trajectory.consistency``), and where the weights
+of a version are (``trajectory.recompute.weights_of``), on plain numbers and folders: what the
+table of ``areal-launch check-consistency`` says."""
+
+from __future__ import annotations
+
+import getpass
+import math
+from pathlib import Path
+
+from areal_watchdog.trajectory.consistency import SequenceTokens, compare_step, histogram
+from areal_watchdog.trajectory.recompute import weights_of
+
+
+def seq(engine: list[float], trainer: list[float], versions: list[int] | None = None,
+        group: int = 0) -> SequenceTokens:  # fmt: skip
+    n = len(engine)
+    return SequenceTokens(group, 0, list(range(n + 3)), list(range(3, n + 3)), engine, trainer,
+                          versions or [0] * n)  # fmt: skip
+
+
+def test_close_log_probs_are_numerics_with_no_flag_and_no_worst_token() -> None:
+    result = compare_step(4, [seq([-1.0, -2.0], [-1.0001, -2.0002])])
+    assert result.tokens == 2 and result.flags == [] and result.worst == []
+    assert math.isclose(result.mean_abs, 0.00015, rel_tol=1e-6)
+    assert 0 <= result.kl < 1e-7 and result.over_threshold == 0
+
+
+def test_other_weights_are_said_with_the_worst_token() -> None:
+    result = compare_step(1, [seq([-1.0, -2.0, -0.5], [-1.3, -1.2, -0.4])], threshold=0.5)
+    assert result.over_threshold == 1 / 3 and result.max_abs == 0.8
+    (worst,) = result.worst
+    assert (worst.position, worst.engine, worst.trainer) == (4, -2.0, -1.2)
+    (flag,) = result.flags
+    assert flag.startswith("a mean gap of 0.400 is more than numerics: the engine's weights")
+
+
+def test_a_gap_on_the_first_generated_token_is_another_prompt() -> None:
+    sequences = [seq([-1.0, -2.0, -3.0], [-3.0, -2.0, -3.0], group=g) for g in range(2)]
+    (flag,) = compare_step(0, sequences).flags
+    assert flag.startswith("the gap sits on the first generated token (2.000 there, 0.000 later)")
+    assert "chat template" in flag
+
+
+def test_versions_without_weights_and_mixed_versions_are_flagged() -> None:
+    result = compare_step(2, [seq([-1.0, -1.0], [-1.0, -1.0], versions=[1, 2])], unchecked=5,
+                          truncated=1)  # fmt: skip
+    assert [f.split(" ")[0:3] for f in result.flags] == [
+        ["5", "trained", "token(s)"], ["the", "step", "mixes"], ["1", "sequence(s)", "reach"],
+    ]  # fmt: skip
+    assert "version skew" in result.flags[0]
+
+
+def test_no_compared_token_is_zeros_not_an_error() -> None:
+    result = compare_step(0, [], unchecked=3)
+    assert (result.tokens, result.mean_abs, result.kl, result.over_threshold) == (0, 0, 0, 0)
+
+
+def test_gaps_fall_in_decades() -> None:
+    assert histogram([0.0, 5e-4, 0.05, 0.3, 3.0], (1e-3, 0.1, 1.0)) == [2, 1, 1, 1]
+
+
+def test_each_version_has_its_weights(tmp_path: Path) -> None:
+    saver = {"fileroot": str(tmp_path), "experiment_name": "e", "trial_name": "t"}
+    raw = {"actor": {"path": "/models/base"}, "saver": saver}
+    root = tmp_path / "checkpoints" / getpass.getuser() / "e" / "t" / "default"
+    saved = root / "epoch0epochstep2globalstep2"
+    saved.mkdir(parents=True)
+    (saved / "config.json").write_text("{}")
+    (root / "epoch0epochstep0globalstep0").mkdir()  # no config.json: an unfinished save
+    find = weights_of(raw, None)
+    assert find(0) == Path("/models/base")  # the initial weights
+    assert find(3) == saved  # made by step 2
+    assert find(1) is None and find(2) is None
+    assert weights_of(raw, tmp_path)(3) == tmp_path  # --weights: every version
+    assert weights_of({}, None)(1) is None
