@@ -68,7 +68,9 @@ class NodeWatch:
     gone: dict[int, JobProcess] = field(default_factory=dict)
     workers: dict[int, _Watched] = field(default_factory=dict)
     workers_gone: dict[int, JobProcess] = field(default_factory=dict)
-    done_pids: set[int] = field(default_factory=set)  # gone ranks whose record says code 0
+    # gone ranks' pids -> whether their exit record says they returned cleanly: a rank writes
+    # it before it ends, so it is read once
+    returned: dict[int, bool] = field(default_factory=dict)
     polls: int = 0
 
     @property
@@ -162,11 +164,10 @@ class NodeWatch:
         """The gone ranks that ended cleanly by their own exit record (code 0, no exception): a
         rank done with its work, not one that left its peers by failing."""
         for proc in self.gone.values():
-            if proc.pid not in self.done_pids:
+            if proc.pid not in self.returned:
                 info = exit_info(self.layout, proc, "")
-                if info.code == 0 and not info.exc_type:
-                    self.done_pids.add(proc.pid)
-        return {rank for rank, proc in self.gone.items() if proc.pid in self.done_pids}
+                self.returned[proc.pid] = info.code == 0 and not info.exc_type
+        return {rank for rank, proc in self.gone.items() if self.returned[proc.pid]}
 
     def local_ranks(self) -> list[int]:
         """The ranks of this node, live or ended."""

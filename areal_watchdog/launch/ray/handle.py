@@ -5,6 +5,8 @@ its launcher) is ended by its processes on this machine, as a local run is."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.launch.ray.jobs import RayJobs
 from areal_watchdog.launch.run_handle import Described, cancel_run, run_directory
@@ -14,7 +16,7 @@ from areal_watchdog.rundir.launch_info import LaunchInfo
 def describe(target: str, note: str) -> Described:
     """The Ray job's state as its Jobs API says it, beside the run directory's records."""
     run_dir = run_directory(target)
-    job = _job(target)
+    job = _job(target, run_dir)
     if job is None:
         return Described([], run_dir, note)
     address, submission_id = job
@@ -29,7 +31,7 @@ def cancel(target: str) -> str:
     """Ask the Jobs API to stop the job (its launcher then reports the end); where it does not
     answer, end the run's processes here."""
     run_dir = run_directory(target)
-    job = _job(target)
+    job = _job(target, run_dir)
     if job is not None:
         address, submission_id = job
         try:
@@ -44,10 +46,11 @@ def cancel(target: str) -> str:
     return cancel_run(target)
 
 
-def _job(target: str) -> tuple[str, str] | None:
-    """The Jobs API's URL and the submission id ``launch.json`` records, if it does."""
+def _job(target: str, run_dir: Path) -> tuple[str, str] | None:
+    """The Jobs API's URL and the submission id ``launch.json`` (of the checked ``run_dir``)
+    records, if it does."""
     try:
-        info = LaunchInfo.load(run_directory(target))
+        info = LaunchInfo.load(run_dir)
     except (UserError, TypeError, KeyError):
         raise UserError(f"{target}: no readable watchdog/launch.json: no Ray job known") from None
     if info.job_address and info.job_id:
