@@ -10,6 +10,7 @@
     areal-launch diagnose PATH [--json]
     areal-launch doctor [CONFIG] [key=value ...] [--slurm]
     areal-launch check-consistency RUN_DIR [--steps 0,2-3] [--weights DIR] [--plot FILE]
+    areal-launch check-workflow CONFIG [key=value ...] [--server HOST:PORT] [--timeout S]
 
 Exit codes: 0 completed (after resumes too), 1 the job failed, 2 bad usage or configuration,
 3 a hang was detected and the job cancelled (``watchdog.on_hang: cancel``, or ``resume`` gave
@@ -61,6 +62,7 @@ COMMANDS = (
     "diagnose",
     "doctor",
     "check-consistency",
+    "check-workflow",
 )
 
 
@@ -334,6 +336,13 @@ def cmd_check_consistency(argv: list[str], watchdog: bool) -> int:
     return run(argv, watchdog)
 
 
+def cmd_check_workflow(argv: list[str], watchdog: bool) -> int:
+    """Imported when asked for, as the command it wraps."""
+    from areal_watchdog.workflow_check.command import cmd_check_workflow as run
+
+    return run(argv, watchdog)
+
+
 HANDLERS: dict[str, Callable[[list[str], bool], int]] = {
     "status": cmd_status,
     "cancel": cmd_cancel,
@@ -342,6 +351,7 @@ HANDLERS: dict[str, Callable[[list[str], bool], int]] = {
     "diagnose": cmd_diagnose,
     "doctor": cmd_doctor,
     "check-consistency": cmd_check_consistency,
+    "check-workflow": cmd_check_workflow,
 }
 
 

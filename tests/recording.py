@@ -22,6 +22,13 @@ def record_evidence(report: dict, name: str, folder: str = "evidence") -> None:
         shutil.copyfile(report["files"]["evidence"], DATA / folder / f"{name}.json")
 
 
+def record_result(result: Path, name: str, folder: str) -> None:
+    """Copy a command's ``result.json`` as ``tests/data/<folder>/<name>.json``."""
+    if RECORDING:
+        (DATA / folder).mkdir(exist_ok=True)
+        shutil.copyfile(result, DATA / folder / f"{name}.json")
+
+
 def record_dumps(dump_dir: Path, set_name: str) -> None:
     """Copy a dump directory (``pickle/``, ``json/``, ``active/``) as one fixture set."""
     if RECORDING:

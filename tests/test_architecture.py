@@ -21,7 +21,7 @@ LAYERS = [
     ["notify"],
     ["watch", "launch"],
     ["recover"],
-    ["doctor"],
+    ["doctor", "workflow_check"],
     ["cli", "__init__"],
 ]
 LEVEL = {name: level for level, names in enumerate(LAYERS) for name in names}

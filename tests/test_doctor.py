@@ -89,8 +89,13 @@ def _fake_areal(init_rollout_params: str) -> dict[str, object]:
 
         def __init__(self, config, train_dataset=None, valid_dataset=None): ...
 
-        def train(self):
+        def train(self, workflow=None, eval_workflow=None, workflow_kwargs=None):
             return self.actor.prepare_batch()
+
+    class InferenceEngine:
+        def _resolve_workflow(self, workflow, workflow_kwargs, group_size=1): ...
+
+        def rollout_batch(self, data, workflow, workflow_kwargs=None, group_size=1): ...
 
     class Engine:
         is_data_parallel_head = data_parallel_rank = data_parallel_world_size = None
@@ -101,6 +106,7 @@ def _fake_areal(init_rollout_params: str) -> dict[str, object]:
         "areal.trainer.rl_trainer:PPOTrainer": PPOTrainer,
         areal_hooks.CONTROLLER: Engine,
         areal_hooks.ENGINE: Engine,
+        areal_hooks.INF_ENGINE: InferenceEngine,
         "areal.infra.rpc.rtensor:RTensor": SimpleNamespace(localize=lambda batch: batch),
         "areal.infra.platforms:current_platform": object(),
         "areal.utils.data:tensor_container_to": lambda batch, device: batch,

@@ -1,6 +1,7 @@
 """Will the watchdog's AReaL hooks hold? The release ``launch.python`` has installed, and every
 function the hooks wrap or call (``rank.areal_trajectory``: the dump and the replay;
-``rank.areal_quarantine``; ``common.roles``: the modules whose processes are told apart)
+``rank.areal_quarantine``; ``workflow_check.probe``; ``common.roles``: the modules whose
+processes are told apart)
 checked with ``inspect.signature`` in a child of that interpreter, where AReaL is imported
 (10-20 s: AReaL pulls in torch and transformers)."""
 
@@ -27,6 +28,8 @@ from areal_watchdog.rank.areal_trajectory import (
 TIMEOUT = 180.0
 CONTROLLER = "areal.infra.controller.train_controller:TrainController"
 ENGINE = "areal.api.engine_api:TrainEngine"
+INF_ENGINE = "areal.infra.remote_inf_engine:RemoteInfEngine"
+TRAIN_PARAMS = ("workflow", "eval_workflow", "workflow_kwargs")
 DP_ATTRIBUTES = ("is_data_parallel_head", "data_parallel_rank", "data_parallel_world_size")
 HOOK_FIX = (
     "use AReaL 1.0.x or 2.0.x, or an areal-watchdog that knows this release; until then "
@@ -70,6 +73,18 @@ HOOKS: list[tuple[str, Callable[[Callable[[str], Any]], bool]]] = [
     (
         "TrainEngine data-parallel rank and size (SPMD dump)",
         lambda load: all(hasattr(load(ENGINE), a) for a in DP_ATTRIBUTES),
+    ),
+    (
+        f"PPOTrainer.train{TRAIN_PARAMS} (check-workflow)",
+        lambda load: _starts(_trainer(load).train, TRAIN_PARAMS),
+    ),
+    (
+        "RemoteInfEngine._resolve_workflow(workflow, workflow_kwargs), rollout_batch(data, "
+        "workflow) (check-workflow)",
+        lambda load: (
+            _starts(load(INF_ENGINE)._resolve_workflow, ("workflow", "workflow_kwargs"))
+            and _starts(load(INF_ENGINE).rollout_batch, ("data", "workflow"))
+        ),
     ),
     (
         "RTensor.localize (dump)",

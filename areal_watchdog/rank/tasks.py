@@ -99,8 +99,18 @@ def await_chain(task: asyncio.Task[Any]) -> tuple[list[dict[str, Any]], str | No
             }
         )
         target = _address_in(frame.f_locals) or target
-        awaitable = inner
+        awaitable = _through_asend(inner, frame)
     return links, target
+
+
+def _through_asend(inner: Any, frame: types.FrameType) -> Any:
+    """An ``async with`` on an ``asynccontextmanager`` awaits its generator's ``asend``, which
+    does not say whose: the generator is the frame's ``self.gen`` (``contextlib``), followed on
+    into the semaphore, lock or connection it waits for."""
+    if type(inner).__name__ != "async_generator_asend":
+        return inner
+    generator = getattr(frame.f_locals.get("self"), "gen", None)
+    return generator if isinstance(generator, types.AsyncGeneratorType) else inner
 
 
 def _frame_and_inner(awaitable: Any) -> tuple[types.FrameType | None, Any]:

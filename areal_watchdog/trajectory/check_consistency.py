@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,9 @@ from areal_watchdog.trajectory.consistency import (
 )
 from areal_watchdog.trajectory.consistency_plot import svg
 from areal_watchdog.trajectory.format import DumpError, complete_steps
+from areal_watchdog.trajectory.greedy import GreedyPair, compare, dumped_prompts
 from areal_watchdog.trajectory.reader import load_global_batch
-from areal_watchdog.trajectory.recompute import Recomputer, weights_of
+from areal_watchdog.trajectory.recompute import Recomputer, group_rows, weights_of
 from areal_watchdog.trajectory.replay_plan import dump_dir
 
 
@@ -53,11 +55,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--plot", type=Path, help="where to write the SVG (default: in RUN_DIR)")
     parser.add_argument("--json", action="store_true", help="print one JSON object per step")
+    parser.add_argument(
+        "--generate", type=int, metavar="N",
+        help="also send the first N prompts of the first step greedily to --server and to "
+        "transformers, and compare the tokens (AReaL's cmp_rollout.py)",
+    )  # fmt: skip
+    parser.add_argument("--server", help="host:port of a live inference server (--generate)")
+    parser.add_argument(
+        "--tokens", type=int, help="tokens each side generates (default gconfig.max_new_tokens)"
+    )
     return parser
 
 
 def cmd_check_consistency(argv: list[str], _watchdog: bool) -> int:
     args = _parser().parse_args(argv)
+    if (args.generate is None) != (args.server is None):
+        raise UserError("--generate N and --server HOST:PORT go together")
+    if args.generate is not None and args.generate < 1:
+        raise UserError(f"--generate {args.generate}: give a number of prompts above 0")
     run_dir = check_run_dir(args.run_dir)
     layout = RunLayout(run_dir)
     if not layout.launch_config.is_file():
@@ -72,13 +87,52 @@ def cmd_check_consistency(argv: list[str], _watchdog: bool) -> int:
     plot = args.plot or run_dir / "consistency" / f"steps-{format_ranks(steps)}.svg"
     plot.parent.mkdir(parents=True, exist_ok=True)
     plot.write_text(svg(results, args.threshold))
+    pairs = _greedy(args, config.raw, recompute, dumps, steps[0]) if args.generate else []
     if args.json:
         for result in results:
             print(json.dumps(_as_dict(result)))
+        if pairs:
+            print(json.dumps({"greedy": [{**asdict(p), "parts_at": p.parts_at} for p in pairs]}))
     else:
         decode = _decoder(config.raw, args.weights)
         print(_table(results, temperature, args.threshold, decode, plot))
+        if pairs:
+            print("\n".join(_greedy_lines(pairs, args.server, decode)))
     return 1 if any(r.mean_abs > LARGE_MEAN_GAP for r in results) else 0
+
+
+def _greedy(
+    args: argparse.Namespace, raw: dict[str, Any], recompute: Recomputer, dumps: Path, step: int
+) -> list[GreedyPair]:
+    """The first prompts of ``step`` through the server and ``transformers``, greedily, with
+    the weights of the version that generated that step's first group."""
+    groups = load_global_batch(dumps, step)
+    first = group_rows(groups[0])[0]
+    version = next((v for v, m in zip(first["versions"], first["loss_mask"], strict=False) if m), 0)
+    weights = recompute.weights(version)
+    if weights is None:
+        raise UserError(f"--generate: no weights of version {version} here: pass --weights DIR")
+    gconfig = raw.get("gconfig") if isinstance(raw.get("gconfig"), dict) else {}
+    tokens = args.tokens or int(gconfig.get("max_new_tokens") or 16)
+    print(f"[areal-launch] greedy: {args.generate} prompts x {tokens} tokens", file=sys.stderr)
+    return compare(recompute, weights, args.server, dumped_prompts(groups, args.generate), tokens)
+
+
+def _greedy_lines(pairs: list[GreedyPair], server: str, decode) -> list[str]:
+    same = sum(p.parts_at is None for p in pairs)
+    lines = ["", f"greedy generation, {server} beside transformers: {same} of {len(pairs)} "
+             f"prompts identical ({len(pairs[0].engine)} tokens each)"]  # fmt: skip
+    for index, pair in enumerate(pairs):
+        at = pair.parts_at
+        if at is None:
+            continue
+        before = decode(pair.prompt[-8:] + pair.engine[:at])
+        engine, trainer = decode(pair.engine[at : at + 4]), decode(pair.trainer[at : at + 4])
+        lines.append(
+            f"  prompt {index}: parts at token {at} after {before!r}: engine {engine!r}, "
+            f"transformers {trainer!r}"
+        )
+    return lines
 
 
 def _steps(text: str | None, available: list[int], dumps: Path) -> list[int]:

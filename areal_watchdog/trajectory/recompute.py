@@ -79,7 +79,7 @@ class Recomputer:
         """The group's sequences with both sides' log-probs of their trained tokens, and how
         many trained tokens had no weights here."""
         rows, unchecked = [], 0
-        for sample, row in enumerate(_rows(group)):
+        for sample, row in enumerate(group_rows(group)):
             seq, missing = self._sequence(index, sample, row)
             rows.append(seq)
             unchecked += missing
@@ -112,7 +112,7 @@ class Recomputer:
         ), missing  # fmt: skip
 
 
-def _rows(group: dict[str, Any]) -> list[dict[str, list]]:
+def group_rows(group: dict[str, Any]) -> list[dict[str, list]]:
     """A dumped group's sequences, cut to their length (``attention_mask``), as lists."""
     for key in ("input_ids", "loss_mask", "logprobs"):
         if not isinstance(group.get(key), torch.Tensor):

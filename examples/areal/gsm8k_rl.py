@@ -1,7 +1,8 @@
 """GRPO on GSM8K with AReaL: AReaL's own ``examples/math/gsm8k_rl.py``, three changes.
 
 The changes: rollouts run ``tool_workflow.ToolRLVRWorkflow`` (AReaL's ``RLVRWorkflow`` plus a
-calculator tool) instead of ``areal.workflow.rlvr.RLVRWorkflow``; the reward function may be
+calculator tool) instead of ``areal.workflow.rlvr.RLVRWorkflow``, or another workflow
+(``AREAL_EXAMPLE_WORKFLOW``, e.g. ``agent_workflow.AgentWorkflow``); the reward function may be
 another one (``AREAL_EXAMPLE_REWARD_FN``, an import string, as AReaL names reward functions);
 and AReaL's single controller waits up to 300 s, not its fixed 60 s, for a worker it forks
 (``patient_worker_forks``). Everything else is AReaL's example as shipped. Run it the way
@@ -64,15 +65,16 @@ def main(args):
     eval_workflow_kwargs = workflow_kwargs.copy()
     eval_workflow_kwargs["gconfig"] = config.gconfig.new(temperature=0.6)
 
+    workflow = os.environ.get("AREAL_EXAMPLE_WORKFLOW", "tool_workflow.ToolRLVRWorkflow")
     with PPOTrainer(
         config,
         train_dataset=train_dataset,
         valid_dataset=valid_dataset,
     ) as trainer:
         trainer.train(
-            workflow="tool_workflow.ToolRLVRWorkflow",
+            workflow=workflow,
             workflow_kwargs=workflow_kwargs,
-            eval_workflow="tool_workflow.ToolRLVRWorkflow",
+            eval_workflow=workflow,
             eval_workflow_kwargs=eval_workflow_kwargs,
         )
 
