@@ -259,3 +259,24 @@ def test_doctor_for_real_on_this_machine(tmp_path: Path) -> None:
     assert rows["gpus"].startswith(WARN)  # no GPU here, none asked for
     assert "single node" in rows["clock skew"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]  # nothing left behind
+
+
+@pytest.mark.slow
+@pytest.mark.beside_slurm  # two AReaL imports (10-20 s each), where the CPU is idle
+@pytest.mark.parametrize("release", ["1.0.4", "2.0.0"])
+def test_every_hook_holds_on_the_real_areal_of_each_release(release: str, tmp_path: Path) -> None:
+    """The example's AReaL config, checked with each release's interpreter: every function the
+    dump, replay, quarantine and check-workflow wrap or call has the signature they expect."""
+    python = Path(sys.executable) if release == "1.0.4" else AREAL2_PYTHON
+    if not python.exists() or subprocess.run([str(python), "-c", "import areal"]).returncode:
+        pytest.skip(f"AReaL {release} is not installed (bash scripts/setup.sh --areal)")
+    config = REPO / "examples" / "areal" / "gsm8k_grpo.yaml"
+    out = subprocess.run(
+        [str(Path(sys.executable).with_name("areal-launch")), "doctor", str(config),
+         f"cluster.fileroot={tmp_path}", f"+launch.python={python}"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    rows = {re.split(r"\s{2,}", line)[1]: line for line in out.stdout.splitlines()
+            if line.split(" ")[0] in (PASS, WARN, FAIL)}  # fmt: skip
+    assert rows["areal"].startswith(PASS) and f"AReaL {release} (" in rows["areal"], out.stdout
+    assert re.fullmatch(r"pass\s+areal hooks\s+all \d+ hooks match", rows["areal hooks"])

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from areal_watchdog.diagnose.frames import is_distributed, is_library
 from areal_watchdog.evidence.gpu import (
     GpuSample,
     IdleTracker,
@@ -15,6 +17,7 @@ from areal_watchdog.evidence.gpu import (
     gpu_state,
     open_backend,
 )
+from areal_watchdog.evidence.model import Frame
 
 DATA = Path(__file__).parent / "data" / "gpu"
 
@@ -82,3 +85,40 @@ def test_auto_without_gpus_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_auto_uses_nvidia_smi_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", f"{DATA}:/usr/bin:/bin")
     assert open_backend("auto").name == "nvidia-smi"
+
+
+H200 = DATA / "h200"  # scripts/gpu-check.sh on an NVIDIA H200, 2026-11-27 (its log.txt)
+
+
+def h200_phase(first: float, last: float) -> list[tuple[float, list[GpuSample]]]:
+    lines = (H200 / "nvml_samples.jsonl").read_text().splitlines()
+    frames = [json.loads(line) for line in lines]
+    return [
+        (f["t"], [GpuSample(**g) for g in f["gpus"]]) for f in frames if first <= f["t"] <= last
+    ]
+
+
+def test_a_real_h200_is_idle_with_a_context_in_host_code_and_working_under_matmuls() -> None:
+    """NVML through the watchdog's backend on real CUDA processes: a context held while the
+    process sleeps in host code (0 % busy at 124 W of 700 W) reads idle for the whole phase;
+    4096 x 4096 matrix products (98-99 % at 544 W) read working from the first busy sample."""
+    tracker = IdleTracker()
+    idle = h200_phase(3.0, 12.0)
+    for now, gpus in idle:
+        tracker.update(gpus, set(), now=now)
+    assert tracker.per_index()[0]["state"] == "idle"
+    assert tracker.quiet_for(now=idle[-1][0]) >= 7.0
+    for now, gpus in h200_phase(15.0, 23.0):
+        tracker.update(gpus, set(), now=now)
+        assert tracker.per_index()[0]["state"] == "working"
+    assert tracker.quiet_for(now=23.0) == 0.0
+
+
+def test_py_spy_reads_a_real_cuda_process_down_to_the_cuda_call() -> None:
+    """py-spy's dump of the process spinning kernels ends in ``torch.cuda.synchronize``: a
+    library frame, and no distributed operation (a rank waiting on its own kernels is not in a
+    collective)."""
+    (thread,) = json.loads((H200 / "pyspy_busy.json").read_text())
+    frames = [Frame(**f) for f in thread["frames"]]
+    assert frames[0].name == "synchronize" and frames[0].filename.endswith("torch/cuda/__init__.py")
+    assert is_library(frames[0]) and not is_distributed(frames[0])

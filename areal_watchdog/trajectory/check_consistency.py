@@ -95,7 +95,7 @@ def cmd_check_consistency(argv: list[str], _watchdog: bool) -> int:
             print(json.dumps({"greedy": [{**asdict(p), "parts_at": p.parts_at} for p in pairs]}))
     else:
         decode = _decoder(config.raw, args.weights)
-        print(_table(results, temperature, args.threshold, decode, plot))
+        print(_table(results, temperature, args.threshold, decode, plot, recompute.device_name))
         if pairs:
             print("\n".join(_greedy_lines(pairs, args.server, decode)))
     return 1 if any(r.mean_abs > LARGE_MEAN_GAP for r in results) else 0
@@ -199,9 +199,10 @@ def _decoder(raw: dict[str, Any], weights: Path | None):
 
 
 def _table(results: list[StepConsistency], temperature: float, threshold: float, decode,
-           plot: Path) -> str:  # fmt: skip
+           plot: Path, device: str) -> str:  # fmt: skip
     lines = [
-        f"rollout consistency, temperature {temperature:g} (gaps in nats)",
+        f"rollout consistency, temperature {temperature:g}, transformers on {device} (gaps in "
+        "nats)",
         "",
         f"step  tokens  mean|gap|  max|gap|  KL(k3)    >{threshold:g}",
     ]

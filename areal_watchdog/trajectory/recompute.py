@@ -52,6 +52,11 @@ class Recomputer:
         self.models: dict[Path, Any] = {}
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
 
+    @property
+    def device_name(self) -> str:
+        """``cpu``, or ``cuda (NVIDIA H200)``: where the trainer's side was computed."""
+        return f"cuda ({torch.cuda.get_device_name()})" if self.device == "cuda" else "cpu"
+
     def model(self, path: Path) -> Any:
         if path not in self.models:
             from transformers import AutoModelForCausalLM
