@@ -326,6 +326,16 @@ def test_a_data_dependent_hang_is_replayed_bisected_to_its_row_and_the_job_resum
     assert "Recovering from StepInfo(" in next(log).read_text(errors="replace")
     saved = launcher.root / "checkpoints" / getpass.getuser() / "gsm8k-grpo"
     assert [p.parts[-3] for p in saved.glob("*/recover_info/step_info.json")] == ["tr"]
+    # AReaL's recover checkpoint (FSDP2 shards of 2 ranks, step 2's weights) scores step 2's
+    # tokens: one optimizer step at lr 1e-5 from the weights that generated them
+    recover = saved / "tr" / "default" / "recover_checkpoint"
+    scored = subprocess.run(
+        [sys.executable, "-m", "areal_watchdog.cli", "check-consistency", str(result.run_dir),
+         "--steps", "2", "--weights", str(recover)], capture_output=True, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert scored.returncode == 0, scored.stdout + scored.stderr
+    step = next(line.split() for line in scored.stdout.splitlines() if line.startswith("2 "))
+    assert int(step[1]) > 0 and float(step[2]) < 0.01, scored.stdout  # tokens, mean |gap|
     # A healthy step re-sharded onto one rank: the controller splits the dumped batch anew.
     replayed, _ = replay_watched(result.run_dir, "--step", "1", "--nproc", "1")
     assert "(actor fsdp:d1, rollout bypassed)" in replayed.stdout

@@ -89,3 +89,27 @@ def test_bad_input_is_one_line(run_dir: Path, tmp_path: Path) -> None:
     done = cli("check-consistency", str(empty))
     assert done.returncode == 2
     assert done.stderr.strip().endswith("debug_trajectories: no complete trajectory dump to check")
+
+
+def test_a_recover_checkpoint_is_read_as_the_replay_reads_it(
+    run_dir: Path, models: dict[int, Path], tmp_path: Path
+) -> None:
+    """AReaL's recover checkpoint is a torch distributed checkpoint of ``DCPState``
+    (``{"dcp": {"model": ..., "optim": ...}}``, ``fsdp_utils/checkpoint.py``) with no model
+    config. One holding moved weights of the run's model, passed as the weights, is flagged:
+    its tensors were read, not actor.path's."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoModelForCausalLM
+
+    moved = AutoModelForCausalLM.from_pretrained(models[1], dtype=torch.float32)
+    with torch.no_grad():
+        for tensor in moved.parameters():
+            tensor.add_(0.3 * torch.randn_like(tensor, generator=torch.Generator().manual_seed(0)))
+    checkpoint = tmp_path / "recover_checkpoint"
+    state = {"model": moved.state_dict(), "optim": {"step": torch.tensor(3.0)}}  # optim: unread
+    dcp.save({"dcp": state}, checkpoint_id=str(checkpoint))
+    assert not (checkpoint / "config.json").exists()
+    done = cli("check-consistency", str(run_dir), "--steps", "1", "--weights", str(checkpoint))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "flag: a mean gap of " in done.stdout and "another revision" in done.stdout

@@ -4,20 +4,29 @@ recomputed with ``transformers`` from the weights of the version that generated 
 Which weights hold version ``v`` (AReaL, both releases: after step ``g`` the weights become
 version ``g + 1``, ``rl_trainer.py``): version 0 is the config's ``actor.path``; version ``v``
 is the ``saver``'s Hugging Face checkpoint of global step ``v - 1``
-(``<fileroot>/checkpoints/<user>/<experiment>/<trial>/default/epoch*epochstep*globalstep{v-1}``).
-AReaL's recover checkpoint is a torch distributed checkpoint without a model config: not read
-here. ``--weights`` names one folder for every version instead."""
+(``<fileroot>/checkpoints/<user>/<experiment>/<trial>/default/epoch*epochstep*globalstep{v-1}``),
+else AReaL's recover checkpoint when it holds step ``v - 1`` (AReaL keeps the newest: after a
+hang, the weights that generated the hung step), as the replay loads it. That one is a torch
+distributed checkpoint of ``DCPState`` (``{"dcp": {"model": ..., "optim": ...}}``) without a
+model config: the model is built from ``actor.path``'s config and only its ``dcp.model``
+tensors are read. ``--weights`` names one folder (either kind) for every version instead."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from areal_watchdog.common.errors import UserError
-from areal_watchdog.trajectory.areal_replay import checkpoint_root
+from areal_watchdog.trajectory.areal_replay import (
+    checkpoint_root,
+    recover_info_dir,
+    recovered_step,
+)
 from areal_watchdog.trajectory.consistency import SequenceTokens
 
 WeightsOf = Callable[[int], Path | None]
@@ -31,24 +40,41 @@ def weights_of(raw: dict[str, Any], override: Path | None) -> WeightsOf:
     initial = Path(str(actor.get("path"))) if actor.get("path") else None
     root = checkpoint_root(raw.get("saver"))
     saved = root / "default" if root else None  # the actor's (the critic's: "critic")
+    recover = recover_checkpoint(raw)
 
     def find(version: int) -> Path | None:
         if version <= 0:
             return initial
-        if saved is None:
-            return None
-        found = sorted(saved.glob(f"epoch*epochstep*globalstep{version - 1}"))
-        return next((p for p in found if (p / "config.json").is_file()), None)
+        found = sorted(saved.glob(f"epoch*epochstep*globalstep{version - 1}")) if saved else []
+        hf = next((p for p in found if (p / "config.json").is_file()), None)
+        if hf is None and recover is not None and recover[0] == version - 1:
+            return recover[1]
+        return hf
 
     return find
+
+
+def recover_checkpoint(raw: dict[str, Any]) -> tuple[int, Path] | None:
+    """(the global step it holds, its folder) of the run's recover checkpoint, if one is here."""
+    info = recover_info_dir(raw)
+    step = recovered_step(info) if info else None
+    root = checkpoint_root(raw.get("recover"))
+    if step is None or root is None:
+        return None
+    path = root / "default" / "recover_checkpoint"
+    return (step, path) if is_distributed_checkpoint(path) else None
+
+
+def is_distributed_checkpoint(path: Path) -> bool:
+    return (path / ".metadata").is_file() and not (path / "config.json").is_file()
 
 
 class Recomputer:
     """Loads each weights folder once (float32, CPU unless a GPU is there) and scores
     sequences with it at the actor's temperature."""
 
-    def __init__(self, weights: WeightsOf, temperature: float) -> None:
-        self.weights, self.temperature = weights, temperature
+    def __init__(self, weights: WeightsOf, temperature: float, base: Path | None = None) -> None:
+        self.weights, self.temperature, self.base = weights, temperature, base
         self.models: dict[Path, Any] = {}
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -65,12 +91,33 @@ class Recomputer:
             logging.set_verbosity_error()
             logging.disable_progress_bar()
             try:
-                model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-            except (OSError, ValueError) as exc:
-                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                if is_distributed_checkpoint(path):
+                    model = self._from_distributed(path)
+                else:
+                    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            except (OSError, ValueError, RuntimeError, CheckpointException) as exc:
+                first = _last_reason(exc)
                 raise UserError(f"{path}: cannot load the weights ({first[:200]})") from None
             self.models[path] = model.to(self.device).eval()
         return self.models[path]
+
+    def _from_distributed(self, path: Path) -> Any:
+        """AReaL's recover checkpoint: the model ``actor.path`` describes, its tensors read from
+        the checkpoint's ``dcp.model`` (the optimizer's are left on disk)."""
+        import torch.distributed.checkpoint as dcp
+        from transformers import AutoModelForCausalLM
+
+        if self.base is None:
+            raise UserError(f"{path}: a distributed checkpoint needs the model's config from "
+                            "actor.path, which the run's config does not set")  # fmt: skip
+        model = AutoModelForCausalLM.from_pretrained(self.base, dtype=torch.float32)
+        state = {"dcp": {"model": model.state_dict()}}
+        planner = dcp.DefaultLoadPlanner(allow_partial_load=True)
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(state, checkpoint_id=str(path), planner=planner)
+        model.load_state_dict(state["dcp"]["model"])
+        return model
 
     def token_logprobs(self, path: Path, ids: list[int]) -> list[float]:
         """The log-prob of each token after the first, given the tokens before it."""
@@ -115,6 +162,14 @@ class Recomputer:
             group, sample, ids, kept, [engine[i] for i in kept], [scored[i] for i in kept],
             [versions[i] for i in kept],
         ), missing  # fmt: skip
+
+
+def _last_reason(exc: BaseException) -> str:
+    """One line: a distributed checkpoint's error ends with the reason, others start with it."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    return lines[-1] if isinstance(exc, CheckpointException) else lines[0]
 
 
 def group_rows(group: dict[str, Any]) -> list[dict[str, list]]:

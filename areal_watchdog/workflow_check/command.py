@@ -21,7 +21,7 @@ from typing import TextIO
 
 import yaml
 
-from areal_watchdog.common.atomic import read_json, write_text_atomic
+from areal_watchdog.common.atomic import open_append, read_json, write_text_atomic
 from areal_watchdog.common.errors import ConfigError, UserError
 from areal_watchdog.config.entrypoint import resolve_entrypoint
 from areal_watchdog.config.load import load_config
@@ -82,7 +82,7 @@ def cmd_check_workflow(argv: list[str], _watchdog: bool) -> int:
                           "runs the workflow of an AReaL training script")  # fmt: skip
     entry = resolve_entrypoint(config)
     out = (args.out or config.run_dir / "check-workflow").resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(mode=0o700, parents=True, exist_ok=True)  # logs may hold what the script prints
     with _server(args, config, out) as server:
         result = run_probe(config, entry, server, args.timeout, out)
     if result.error:
@@ -144,7 +144,8 @@ def _follow(argv: list[str], env: dict[str, str], log: Path, deadline: float) ->
     """Run the probe, its progress lines echoed and every line logged; end its whole process
     group once it exits (a stuck episode's tools and AReaL's reward processes are in it, and
     hold its output open), or at ``deadline`` s."""
-    with log.open("w") as sink:
+    log.unlink(missing_ok=True)
+    with open_append(log) as sink:
         probe = subprocess.Popen(argv, env=env, stdout=sink, stderr=subprocess.PIPE, text=True,
                                  start_new_session=True)  # fmt: skip
         reader = threading.Thread(target=_echo, args=(probe.stderr, sink), daemon=True)

@@ -42,6 +42,7 @@ def say(line: str) -> None:
 
 
 def main(argv: list[str]) -> None:
+    """Run the script with ``PPOTrainer`` intercepted; every way out writes a result."""
     request = json.loads(Path(argv[0]).read_text())
     out, entry = Path(request["result"]), request["entry"]
     say("loading the training script up to PPOTrainer.train (AReaL's imports take 10-20 s)")
@@ -78,7 +79,11 @@ def _intercept(trainer: type, request: dict[str, Any], out: Path) -> None:
 
     def train(self: Any, workflow: Any = None, _eval: Any = None, workflow_kwargs: Any = None,
               *_a: Any, **_k: Any) -> None:  # fmt: skip
-        _finish(out, check(self.config, self.check_dataset, workflow, workflow_kwargs, request))
+        try:
+            result = check(self.config, self.check_dataset, workflow, workflow_kwargs, request)
+        except Exception as exc:  # a bug of the check's, not the script's: say which
+            result = CheckResult(error=f"the check failed in PPOTrainer.train: {one_line(exc)}")
+        _finish(out, result)
 
     trainer.__init__ = init  # type: ignore[misc]
     trainer.train = train  # type: ignore[attr-defined]
@@ -88,6 +93,7 @@ def _intercept(trainer: type, request: dict[str, Any], out: Path) -> None:
 
 
 def name_of(thing: Any) -> str:
+    """An import string as given, else the object's module and qualified name."""
     if thing is None or isinstance(thing, str):
         return thing or ""
     kind = thing if isinstance(thing, type) or callable(thing) else type(thing)
@@ -95,6 +101,7 @@ def name_of(thing: Any) -> str:
 
 
 def staleness_of(config: Any, batch_size: int) -> Staleness:
+    """The gate's numbers from AReaL's own config objects (their defaults applied)."""
     rollout = config.rollout
     allocation = parse_allocation(str(getattr(rollout, "backend", "") or ""))
     return Staleness(
@@ -143,14 +150,18 @@ def _engine(config: Any, request: dict[str, Any], dp: int) -> Any:
     return engine
 
 
-def _one_episode(engine: Any, bare: Any, rows: list[Any], _gate: Staleness, limit: float):
+def _one_episode(
+    engine: Any, bare: Any, rows: list[Any], _gate: Staleness, limit: float
+) -> StageResult:
     say(f"stage 1: one episode (row 0), at most {limit:g} s")
     jobs = [("row 0", lambda: bare.arun_episode(engine, dict(rows[0])))]
     episodes, wall, thread = run_on_own_loop(jobs, 1, limit)
     return summarise("one episode", "row 0 of train_dataset", 1, episodes, wall, limit, thread)
 
 
-def _one_batch(engine: Any, bare: Any, rows: list[Any], gate: Staleness, limit: float):
+def _one_batch(
+    engine: Any, bare: Any, rows: list[Any], gate: Staleness, limit: float
+) -> StageResult:
     at_once = min(len(rows), gate.dp * gate.at_once) * gate.n_samples
     detail = (f"{len(rows)} rows x {gate.n_samples} samples, {at_once} at once "
               f"({gate.dp} rollout worker{'s' if gate.dp > 1 else ''} x {gate.at_once} "

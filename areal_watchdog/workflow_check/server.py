@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from areal_watchdog.common.atomic import open_append
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.parent import die_with_parent
 from areal_watchdog.config.model import JobConfig
@@ -75,7 +76,7 @@ def started_vllm(config: JobConfig, python: str, extra: list[str], log: Path) ->
     port = _free_port()
     argv = vllm_command(config, python, port, extra)
     print(f"[check-workflow] starting vLLM for {argv[4]} on 127.0.0.1:{port} (log: {log})")
-    with log.open("ab") as out:
+    with open_append(log) as out:
         server = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                   start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
     try:

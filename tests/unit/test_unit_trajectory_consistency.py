@@ -74,3 +74,19 @@ def test_each_version_has_its_weights(tmp_path: Path) -> None:
     assert find(1) is None and find(2) is None
     assert weights_of(raw, tmp_path)(3) == tmp_path  # --weights: every version
     assert weights_of({}, None)(1) is None
+
+
+def test_the_recover_checkpoint_holds_the_version_after_its_step(tmp_path: Path) -> None:
+    """AReaL keeps one recover checkpoint, the newest: holding global step 4, it has the weights
+    of version 5 (after a hang at step 5, those that generated it)."""
+    section = {"fileroot": str(tmp_path), "experiment_name": "e", "trial_name": "t", "mode": "auto"}
+    raw = {"actor": {"path": "/models/base"}, "recover": section}
+    root = tmp_path / "checkpoints" / getpass.getuser() / "e" / "t"
+    (root / "recover_info").mkdir(parents=True)
+    (root / "recover_info" / "step_info.json").write_text('{"global_step": 4}')
+    checkpoint = root / "default" / "recover_checkpoint"
+    assert weights_of(raw, None)(5) is None  # no checkpoint written yet
+    checkpoint.mkdir(parents=True)
+    (checkpoint / ".metadata").write_bytes(b"")
+    find = weights_of(raw, None)
+    assert find(5) == checkpoint and find(4) is None and find(0) == Path("/models/base")
