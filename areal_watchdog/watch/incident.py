@@ -240,11 +240,7 @@ class Incidents(Escalation):
         request_id = self.coordinator.request_evidence(trigger.value) if peers else ""
         self.answered.add(request_id)
         mine = local_evidence(self.info, self.watch)
-        answers = (
-            self.coordinator.collect(request_id, peers, self.info.watchdog.evidence_timeout)
-            if peers
-            else {}
-        )
+        answers = self.collect(request_id, peers)
         ranks, workers, traces, servers = mine.ranks, mine.workers, mine.traces, mine.servers
         for answer in answers.values():
             ranks += [Evidence.rank_from_dict(r) for r in answer.get("ranks", [])]
@@ -267,6 +263,22 @@ class Incidents(Escalation):
             workers=workers,
         )
         return evidence, mine.flight_recorder_s
+
+    def collect(self, request_id: str, peers: list[str]) -> dict[str, dict]:
+        """The peers' answers within ``evidence_timeout``, and once more as long for the peers
+        still alive that have not answered: a node busy with a wedged server's slow probes
+        answered 2 s after the leader gave up (CI), and its ranks were reported missing."""
+        if not peers:
+            return {}
+        timeout = self.info.watchdog.evidence_timeout
+        answers = self.coordinator.collect(request_id, peers, timeout)
+        self.coordinator.read_all()
+        slow = [n for n in peers if n not in answers and self.coordinator.alive(n)]
+        if slow:
+            self.say(f"waiting up to {timeout:g} s more for {len(slow)} node(s) that are alive "
+                     f"but have not answered: {', '.join(slow[:5])}")  # fmt: skip
+            answers.update(self.coordinator.collect(request_id, slow, timeout))
+        return answers
 
     def missing_ranks(
         self, seen: list[RankEvidence], statuses: dict, lost: list[str]

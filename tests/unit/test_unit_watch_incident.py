@@ -262,3 +262,31 @@ def test_the_ranks_secrets_are_read_from_their_environment_and_kept_out(
     assert "login failed with" in written  # the evidence is there...
     assert SECRET not in written  # ...its secret is not
     assert SECRET not in json.dumps(d.notifier.sent)
+
+
+class SlowPeers:
+    """Two peers: n2 alive but answering only after the first wait (a node busy probing a
+    wedged server, CI), n3 silent."""
+
+    def __init__(self) -> None:
+        self.asked: list[list[str]] = []
+
+    def collect(self, request_id: str, nodes: list[str], timeout: float) -> dict[str, dict]:
+        self.asked.append(list(nodes))
+        return {"n2": {"ranks": []}} if len(self.asked) == 2 else {}
+
+    def read_all(self) -> dict:
+        return {}
+
+    def alive(self, node: str) -> bool:
+        return node == "n2"
+
+
+def test_a_peer_alive_but_slow_to_answer_is_waited_for_once_more(tmp_path: Path) -> None:
+    d, lines = desk(tmp_path)
+    d.coordinator = SlowPeers()  # type: ignore[assignment]
+    assert d.collect("req", ["n2", "n3"]) == {"n2": {"ranks": []}}
+    assert d.coordinator.asked == [["n2", "n3"], ["n2"]]  # the silent one is not waited for
+    assert lines == [
+        "waiting up to 10 s more for 1 node(s) that are alive but have not answered: n2"
+    ]
