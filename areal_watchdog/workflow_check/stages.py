@@ -68,6 +68,7 @@ class Episodes:
 
 
 def one_line(exc: BaseException) -> str:
+    """An exception as a table shows it: its type and first line, at most 300 characters."""
     return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
 
 
