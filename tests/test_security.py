@@ -350,3 +350,38 @@ def test_secrets_the_job_prints_are_masked_in_every_log_it_leaves(
         assert f"rank {rank}: hook secret *** end of line" in stderr
         assert f"rank {rank}: posting to *** soon" in stdout
     assert "rank 0: launch.env says *** and that is all" in result.output
+
+
+def test_check_workflow_refuses_an_out_folder_another_user_planted(
+    capsys: pytest.CaptureFixture[str], shared_root: Path
+) -> None:
+    """The folder holds the request the probe acts on and the config the script reads: one
+    another user made first is refused before anything starts."""
+    planted = shared_root / "cw"
+    as_nobody("mkdir", "-m", "0777", str(planted))
+    config = Path(__file__).parents[1] / "examples" / "areal" / "gsm8k_grpo.yaml"
+    code = main(["check-workflow", str(config), f"cluster.fileroot={shared_root}",
+                 "--server", "127.0.0.1:9", "--out", str(planted)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and f"{planted}: owned by uid {NOBODY}, not by you" in err, err
+    assert sorted(p.name for p in planted.iterdir()) == []
+
+
+def test_a_recover_checkpoint_another_user_planted_is_never_unpickled(
+    capsys: pytest.CaptureFixture[str], shared_root: Path, tmp_path: Path
+) -> None:
+    """A distributed checkpoint's ``.metadata`` is a pickle: one in a folder another user wrote
+    is refused in one line, before torch reads it."""
+    harness = Path(__file__).parents[1] / "examples" / "areal" / "harness"
+    subprocess.run([sys.executable, str(harness / "make_tiny.py"), str(tmp_path / "h"), "--rows",
+                    "8"], check=True, capture_output=True)  # fmt: skip
+    made = subprocess.run([sys.executable, str(harness / "sampled_dump.py"),
+                           str(tmp_path / "h" / "tiny-qwen2"), str(tmp_path / "root")],
+                          check=True, capture_output=True, text=True)  # fmt: skip
+    planted = shared_root / "recover_checkpoint"
+    as_nobody("mkdir", str(planted))
+    as_nobody("touch", str(planted / ".metadata"))  # what a forged pickle would sit in
+    code = main(["check-consistency", made.stdout.strip(), "--weights", str(planted)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{planted}: owned by uid {NOBODY}, not by you or root" in err, err
+    assert "run check-consistency as the user who launched the run" in err

@@ -29,7 +29,12 @@ from areal_watchdog.trajectory.consistency_plot import svg
 from areal_watchdog.trajectory.format import DumpError, complete_steps
 from areal_watchdog.trajectory.greedy import GreedyPair, compare, dumped_prompts
 from areal_watchdog.trajectory.reader import load_global_batch
-from areal_watchdog.trajectory.recompute import Recomputer, group_rows, weights_of
+from areal_watchdog.trajectory.recompute import (
+    Recomputer,
+    actor_path,
+    group_rows,
+    weights_of,
+)
 from areal_watchdog.trajectory.replay_plan import dump_dir
 
 
@@ -81,7 +86,9 @@ def cmd_check_consistency(argv: list[str], _watchdog: bool) -> int:
     dumps = dump_dir(config, run_dir)
     steps = _steps(args.steps, sorted(complete_steps(dumps)), dumps)
     temperature = _temperature(config.raw)
-    recompute = Recomputer(weights_of(config.raw, args.weights), temperature, _base(config.raw))
+    recompute = Recomputer(
+        weights_of(config.raw, args.weights), temperature, actor_path(config.raw)
+    )
     limit = _context_length(config.raw)
     results = [_check(recompute, dumps, step, args.threshold, limit) for step in steps]
     plot = args.plot or run_dir / "consistency" / f"steps-{format_ranks(steps)}.svg"
@@ -158,12 +165,6 @@ def _temperature(raw: dict[str, Any]) -> float:
     actor = raw.get("actor") if isinstance(raw.get("actor"), dict) else {}
     value = actor.get("temperature", 1.0)
     return float(value) if isinstance(value, (int, float)) and value > 0 else 1.0
-
-
-def _base(raw: dict[str, Any]) -> Path | None:
-    """``actor.path``: the model's config, for weights saved without one (a recover checkpoint)."""
-    actor = raw.get("actor") if isinstance(raw.get("actor"), dict) else {}
-    return Path(str(actor["path"])) if actor.get("path") else None
 
 
 def _context_length(raw: dict[str, Any]) -> int | None:

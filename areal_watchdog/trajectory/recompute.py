@@ -22,6 +22,7 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from areal_watchdog.common.errors import UserError
+from areal_watchdog.rundir.secure import check_ancestors
 from areal_watchdog.trajectory.areal_replay import (
     checkpoint_root,
     recover_info_dir,
@@ -36,8 +37,7 @@ def weights_of(raw: dict[str, Any], override: Path | None) -> WeightsOf:
     """Where the weights of a version are, or None when this node holds none."""
     if override is not None:
         return lambda _version: override
-    actor = raw.get("actor") if isinstance(raw.get("actor"), dict) else {}
-    initial = Path(str(actor.get("path"))) if actor.get("path") else None
+    initial = actor_path(raw)
     root = checkpoint_root(raw.get("saver"))
     saved = root / "default" if root else None  # the actor's (the critic's: "critic")
     recover = recover_checkpoint(raw)
@@ -52,6 +52,12 @@ def weights_of(raw: dict[str, Any], override: Path | None) -> WeightsOf:
         return hf
 
     return find
+
+
+def actor_path(raw: dict[str, Any]) -> Path | None:
+    """``actor.path``: the initial weights, and the model config of weights saved without one."""
+    actor = raw.get("actor") if isinstance(raw.get("actor"), dict) else {}
+    return Path(str(actor["path"])) if actor.get("path") else None
 
 
 def recover_checkpoint(raw: dict[str, Any]) -> tuple[int, Path] | None:
@@ -110,6 +116,8 @@ class Recomputer:
         if self.base is None:
             raise UserError(f"{path}: a distributed checkpoint needs the model's config from "
                             "actor.path, which the run's config does not set")  # fmt: skip
+        # its .metadata is unpickled: only from folders no other user could have written
+        check_ancestors(path, "run check-consistency as the user who launched the run")
         model = AutoModelForCausalLM.from_pretrained(self.base, dtype=torch.float32)
         state = {"dcp": {"model": model.state_dict()}}
         planner = dcp.DefaultLoadPlanner(allow_partial_load=True)

@@ -28,6 +28,7 @@ from areal_watchdog.config.load import load_config
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.job import stored_env
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.rundir.secure import ensure_run_dir
 from areal_watchdog.trajectory.replay_plan import dump_dir
 from areal_watchdog.workflow_check.model import CheckResult
 from areal_watchdog.workflow_check.probe import MARK
@@ -82,7 +83,9 @@ def cmd_check_workflow(argv: list[str], _watchdog: bool) -> int:
                           "runs the workflow of an AReaL training script")  # fmt: skip
     entry = resolve_entrypoint(config)
     out = (args.out or config.run_dir / "check-workflow").resolve()
-    out.mkdir(mode=0o700, parents=True, exist_ok=True)  # logs may hold what the script prints
+    # ours alone, as a run directory: it holds the logs, the script's config and a request the
+    # probe acts on, and check-consistency reads it as a run
+    ensure_run_dir(out, out.parent, 0o700)
     with _server(args, config, out) as server:
         result = run_probe(config, entry, server, args.timeout, out)
     if result.error:
@@ -135,7 +138,6 @@ def _as_run_dir(config: JobConfig, entry: str, out: Path) -> None:
     raw = {**config.raw, "launch": {**config.raw.get("launch", {}), "entrypoint": entry,
                                     "env": stored_env(config.launch.env)}}  # fmt: skip
     layout = RunLayout(out)
-    layout.watch_dir.mkdir(mode=0o700, exist_ok=True)
     write_text_atomic(layout.launch_config, yaml.safe_dump(raw, sort_keys=False))
     shutil.rmtree(dump_dir(config, out), ignore_errors=True)
 
