@@ -89,18 +89,25 @@ def launch_files(
     ``areal-launch replay`` starts again."""
     layout = info.layout
     dumping = watchdog and config.watchdog.trajectory_dump
+    job_tree = tree if tree is not None else config.job_tree(dumping)
+    return {
+        str(layout.launch_file): json.dumps(info.to_dict(), indent=1, sort_keys=True),
+        str(layout.job_config): yaml.safe_dump(job_tree, sort_keys=False),
+        str(layout.launch_config): stored_config(config),
+    }
+
+
+def stored_config(config: JobConfig) -> str:
+    """The whole resolved config (our sections included) as a run directory keeps it, the
+    script's path resolved and ``launch.env``'s secrets left out: what ``replay`` and
+    ``check-consistency`` start from."""
     raw = dict(config.raw)
     raw["launch"] = {
         **raw.get("launch", {}),
         "entrypoint": resolve_entrypoint(config),
         "env": stored_env(config.launch.env),
     }
-    job_tree = tree if tree is not None else config.job_tree(dumping)
-    return {
-        str(layout.launch_file): json.dumps(info.to_dict(), indent=1, sort_keys=True),
-        str(layout.job_config): yaml.safe_dump(job_tree, sort_keys=False),
-        str(layout.launch_config): yaml.safe_dump(raw, sort_keys=False),
-    }
+    return yaml.safe_dump(raw, sort_keys=False)
 
 
 def stored_env(env: dict[str, str]) -> dict[str, str]:

@@ -26,7 +26,7 @@ from areal_watchdog.common.errors import ConfigError, UserError
 from areal_watchdog.config.entrypoint import resolve_entrypoint
 from areal_watchdog.config.load import load_config
 from areal_watchdog.config.model import JobConfig
-from areal_watchdog.launch.job import stored_env
+from areal_watchdog.launch.job import stored_config
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.rundir.secure import ensure_run_dir
 from areal_watchdog.trajectory.replay_plan import dump_dir
@@ -113,7 +113,7 @@ def run_probe(
     write_text_atomic(script_config, yaml.safe_dump(config.job_tree(), sort_keys=False))
     result_path = out / "result.json"
     result_path.unlink(missing_ok=True)
-    _as_run_dir(config, entry, out)
+    _as_run_dir(config, out)
     request = {
         "entry": entry, "server": server.address, "engine": server.engine, "limit": limit,
         "result": str(result_path), "dump": str(dump_dir(config, out) / "step_000000_dp_0.pt"),
@@ -132,13 +132,10 @@ def run_probe(
     return CheckResult.from_dict(found)
 
 
-def _as_run_dir(config: JobConfig, entry: str, out: Path) -> None:
+def _as_run_dir(config: JobConfig, out: Path) -> None:
     """``out`` as a run directory holds its config, so that ``check-consistency OUT`` reads the
     engine's batch (stage 3) as a dumped step 0, scored with the config's weights."""
-    raw = {**config.raw, "launch": {**config.raw.get("launch", {}), "entrypoint": entry,
-                                    "env": stored_env(config.launch.env)}}  # fmt: skip
-    layout = RunLayout(out)
-    write_text_atomic(layout.launch_config, yaml.safe_dump(raw, sort_keys=False))
+    write_text_atomic(RunLayout(out).launch_config, stored_config(config))
     shutil.rmtree(dump_dir(config, out), ignore_errors=True)
 
 
