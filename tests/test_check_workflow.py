@@ -10,6 +10,7 @@ staleness gate never opens before the first weight update. Each result is record
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import socket
 import subprocess
@@ -129,19 +130,27 @@ def test_a_session_pool_that_deadlocks_above_one_episode_is_shown_at_the_batch(
 
 
 def test_a_tool_that_never_returns_holds_the_first_episode(fileroot: Path, server: str) -> None:
-    code, out = check_workflow(fileroot, server, "tool_never_returns", AGENT,
+    mark = f"+launch.env.CHECK_WORKFLOW_TEST={fileroot}"  # other tests' tools run beside it
+    code, out = check_workflow(fileroot, server, "tool_never_returns", AGENT, mark,
                                "+launch.env.AGENT_TOOL_HANGS=1", "--timeout", "8")  # fmt: skip
     assert code == 1, out
     assert "failed at stage 1 (one episode): 1 pending of 1 episode; not run: one batch" in out
     (chain,) = [line for line in out.splitlines() if line.startswith("  row 0, ")]
     assert "AgentWorkflow.call_tool (agent_workflow.py:" in chain
     assert "run_tool (tool_workflow.py:" in chain and "Process.communicate" in chain
-    tools = [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if "time.sleep(10**6)" in " ".join(p.info["cmdline"] or [])
-    ]
-    assert tools == []  # the stuck tool ended with the check
+    assert tools_marked(str(fileroot)) == []  # the stuck tool ended with the check
+
+
+def tools_marked(mark: str) -> list[psutil.Process]:
+    """The never-returning tools still alive that this test's check started."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.environ().get("CHECK_WORKFLOW_TEST") == mark and any(
+                "time.sleep(10**6)" in arg for arg in proc.cmdline()
+            ):
+                found.append(proc)
+    return found
 
 
 def test_a_staleness_gate_shut_before_the_first_update_is_named_with_its_numbers(

@@ -312,9 +312,11 @@ def test_a_killed_raylet_is_a_lost_node_and_a_killed_launcher_leaves_nothing_beh
         trial="lost", config=CONFIG, backend="ray", prefix=LOOPBACK,
     )  # fmt: skip
     seen = wait_for(proc, "first step seen", timeout=240)
-    raylet = next(
+    groups = json.loads((run_dir / "watchdog" / "ray_cluster.json").read_text())["groups"]
+    raylet = next(  # this run's: another test's own cluster may have a ray-node1 too
         p for p in psutil.process_iter(["name", "cmdline"])
         if p.info["name"] == "raylet" and "--node-name=ray-node1" in p.info["cmdline"]
+        and _group(p) in groups
     )  # fmt: skip
     trainer_there = any(
         _env(p).get("RANK") == "0" and _env(p).get("RAY_RAYLET_PID") == str(raylet.pid)
