@@ -76,6 +76,11 @@ def test_bad_input_is_one_line(run_dir: Path, tmp_path: Path) -> None:
         (["--steps", "7"], "--steps: no dump of step 7 in "),
         (["--steps", "x"], "--steps x: not a list of steps (e.g. 0,2-3)"),
         (["--weights", str(tmp_path)], f"{tmp_path}: cannot load the weights ("),
+        (["--generate", "2"], "--generate N and --server HOST:PORT go together"),
+        (
+            ["--generate", "2", "--server", "http://127.0.0.1:9/v1"],
+            "--server http://127.0.0.1:9/v1: give host:port or http://host:port",
+        ),
     ):
         done = cli("check-consistency", str(run_dir), *args)
         (line,) = done.stderr.strip().splitlines()[-1:]

@@ -16,9 +16,10 @@ import json
 import re
 import time
 import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from areal_watchdog.common.http import OPENER
 
 _METRIC = re.compile(r"^((?:sglang|vllm)[:_][a-z_]+)(?:\{[^}]*\})?\s+([-+0-9.eE]+|NaN)\s*$", re.M)
 _METRICS = {
@@ -126,15 +127,12 @@ def _vllm_paused(address: str, timeout: float) -> dict[str, Any]:
     return {"paused": paused} if isinstance(paused, bool) else {}
 
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
-
-
 def _get(address: str, path: str, timeout: float) -> tuple[int | None, str, float]:
     """(HTTP status or None, body or the reason, seconds): never raises."""
     url = f"http://{address}{path}"
     started = time.perf_counter()
     try:
-        with _OPENER.open(url, timeout=timeout) as response:
+        with OPENER.open(url, timeout=timeout) as response:
             body = response.read(1_000_000).decode(errors="replace")
             return response.status, body, round(time.perf_counter() - started, 4)
     except urllib.error.HTTPError as exc:

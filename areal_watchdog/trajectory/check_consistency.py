@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_watchdog.common.errors import UserError
+from areal_watchdog.common.http import server_address
 from areal_watchdog.common.rankset import format_ranks, parse_ranks
 from areal_watchdog.config.load import load_config
 from areal_watchdog.rundir.layout import RunLayout
@@ -78,6 +79,8 @@ def cmd_check_consistency(argv: list[str], _watchdog: bool) -> int:
         raise UserError("--generate N and --server HOST:PORT go together")
     if args.generate is not None and args.generate < 1:
         raise UserError(f"--generate {args.generate}: give a number of prompts above 0")
+    if args.server is not None:
+        args.server = server_address(args.server)
     run_dir = check_run_dir(args.run_dir)
     layout = RunLayout(run_dir)
     if not layout.launch_config.is_file():

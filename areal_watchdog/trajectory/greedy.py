@@ -16,10 +16,10 @@ from typing import Any
 import torch
 
 from areal_watchdog.common.errors import UserError
+from areal_watchdog.common.http import OPENER
 from areal_watchdog.trajectory.recompute import Recomputer, group_rows
 
 TIMEOUT = 300.0  # seconds per request: a loaded server queues it
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
 
 
 @dataclass(frozen=True)
@@ -54,10 +54,11 @@ def dumped_prompts(groups: list[dict[str, Any]], count: int) -> list[list[int]]:
 def compare(
     recompute: Recomputer, weights: Path, server: str, prompts: list[list[int]], tokens: int
 ) -> list[GreedyPair]:
-    address = server.split("://", 1)[-1].rstrip("/")
+    """Each prompt's greedy tokens from the server at ``server`` (host:port) and from
+    ``transformers`` with ``weights``."""
     return [
         GreedyPair(
-            p, server_greedy(address, p, tokens), trainer_greedy(recompute, weights, p, tokens)
+            p, server_greedy(server, p, tokens), trainer_greedy(recompute, weights, p, tokens)
         )
         for p in prompts
     ]
@@ -97,7 +98,7 @@ def _post(address: str, path: str, payload: dict[str, Any]) -> tuple[int, Any]:
         headers={"Content-Type": "application/json"},
     )  # fmt: skip
     try:
-        with _OPENER.open(request, timeout=TIMEOUT) as response:
+        with OPENER.open(request, timeout=TIMEOUT) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, None

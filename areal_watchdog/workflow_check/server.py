@@ -17,6 +17,7 @@ from typing import Any
 
 from areal_watchdog.common.atomic import open_append
 from areal_watchdog.common.errors import UserError
+from areal_watchdog.common.http import server_address
 from areal_watchdog.common.parent import die_with_parent
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.evidence.servers import probe
@@ -39,9 +40,7 @@ class Server:
 
 def given_server(url: str) -> Server:
     """A server named on the command line, refused in one line when it does not answer."""
-    address = url.split("://", 1)[-1].rstrip("/")
-    if not address or "/" in address:
-        raise UserError(f"--server {url}: give host:port or http://host:port")
+    address = server_address(url)
     answer = probe(address, 5.0)
     if answer["state"] != "up":
         reason = answer.get("error") or f"/health answered {answer.get('health_status')}"
