@@ -11,10 +11,10 @@ from areal_watchdog.common.errors import UserError
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def server_address(url: str, flag: str = "--server") -> str:
-    """``host:port`` from ``host:port`` or ``http://host:port/``; anything else is refused in
-    one line naming ``flag``."""
+def server_address(url: str) -> str:
+    """``host:port`` from ``--server``'s ``host:port`` or ``http://host:port/``; anything else
+    is refused in one line."""
     address = url.split("://", 1)[-1].rstrip("/")
     if not address or "/" in address:
-        raise UserError(f"{flag} {url}: give host:port or http://host:port")
+        raise UserError(f"--server {url}: give host:port or http://host:port")
     return address
