@@ -87,6 +87,10 @@ start_munge() {
   mkdir -p /run/munge && chown munge:munge /run/munge 2>/dev/null || true
   munged --force
   echo started > "$DIR/munged.ours"
+  for _ in $(seq 1 50); do  # a slurmd that starts before munged answers registers a minute late
+    munge -n </dev/null >/dev/null 2>&1 && break
+    sleep 0.2
+  done
 }
 
 up() {
@@ -139,7 +143,12 @@ down() {
     fi
   done
   if [ -f "$DIR/munged.ours" ] && [ -f /run/munge/munged.pid ]; then
-    kill "$(cat /run/munge/munged.pid)" 2>/dev/null || true
+    munged_pid="$(cat /run/munge/munged.pid)"
+    kill "$munged_pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do  # gone before an `up` right after looks for it
+      kill -0 "$munged_pid" 2>/dev/null || break
+      sleep 0.1
+    done
   fi
   rm -rf "$DIR"
   log "cluster down"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,9 @@ import pytest
 from areal_watchdog.common.errors import ConfigError
 from areal_watchdog.config.load import load_config
 from areal_watchdog.config.model import WatchdogSection
+from areal_watchdog.launch.exit_codes import ExitCode
+from areal_watchdog.launch.slurm import node
+from areal_watchdog.launch.slurm.jobs import wait_for_job
 from areal_watchdog.launch.slurm.options import container_prefix, parse_time_minutes, validate_slurm
 from areal_watchdog.launch.slurm.recovery import SlurmRecovery
 from areal_watchdog.launch.slurm.scheduler_command import main
@@ -224,3 +228,74 @@ def test_where_says_the_node_the_job_s_nodes_and_the_job_id(
     monkeypatch.delenv("SLURMD_NODENAME")  # not in a Slurm task
     assert main(["where", "unused"]) == 2
     assert capsys.readouterr().err == "cannot: 'SLURMD_NODENAME'\n"
+
+
+# ------------------------------------------------------------------ a controller that is silent
+ANSWERING_SCONTROL = """
+import os, sys
+answers = open(os.environ["FAKE_ANSWERS"]).read().split("\\n---\\n")
+count = os.environ["FAKE_ANSWERS"] + ".asked"
+n = int(open(count).read()) if os.path.exists(count) else 0
+open(count, "w").write(str(n + 1))
+answer = answers[min(n, len(answers) - 1)]
+if answer.startswith("ERR "):
+    sys.exit(print(answer[4:], file=sys.stderr) or 1)
+print(answer)
+"""
+TIMED_OUT = "ERR slurm_load_jobs error: Socket timed out on send/recv operation"
+
+
+@pytest.fixture
+def answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., int]:
+    """An scontrol that gives the answers it is handed, one a call, the last one again."""
+    bin_dir = tmp_path / "answering"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f"#!{sys.executable}\n{ANSWERING_SCONTROL}")
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setenv("FAKE_ANSWERS", str(tmp_path / "answers"))
+    return lambda *said: (tmp_path / "answers").write_text("\n---\n".join(said))
+
+
+def test_wait_sits_out_a_silent_controller_and_says_so_once(
+    tmp_path: Path, answers: Callable[..., int]
+) -> None:
+    answers("JobId=77 JobState=RUNNING", TIMED_OUT, TIMED_OUT, TIMED_OUT,
+            "JobId=77 JobState=COMPLETED")  # fmt: skip
+    said: list[str] = []
+    assert wait_for_job("77", run_dir_of(tmp_path), poll=0, out=said.append) == ExitCode.OK
+    assert said[0] == "[areal-launch] job 77: RUNNING" and said[-1].endswith("job 77: COMPLETED")
+    (silent,) = [line for line in said if "has not answered" in line]
+    assert "Socket timed out on send/recv operation); waiting for it" in silent
+    assert [line for line in said if "answers again after" in line]
+
+
+def test_a_job_the_controller_forgot_fails_the_wait_and_says_what_is_known(
+    tmp_path: Path,
+    answers: Callable[..., int],
+) -> None:
+    answers("ERR slurm_load_jobs error: Invalid job id specified")
+    said: list[str] = []
+    run_dir = run_dir_of(tmp_path)
+    assert wait_for_job("77", run_dir, poll=0, out=said.append) == ExitCode.JOB_FAILED
+    assert said[0] == "[areal-launch] job 77: UNKNOWN"
+    assert said[1].startswith("[areal-launch] job 77 UNKNOWN: no node recorded its part's end")
+    assert f"logs: {run_dir}/watchdog/logs/submitit/77_*_log.out" in said[1]
+
+
+def test_the_first_node_s_address_is_asked_again_then_its_name_stands_in(
+    answers: Callable[..., int],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(node, "ADDRESS_RETRY", 0)
+    monkeypatch.setenv("SLURMD_NODENAME", "node2")
+    answers(TIMED_OUT, TIMED_OUT, "NodeName=node1 Arch=x86_64 NodeAddr=10.0.0.7 NodeHostName=n1")
+    assert node.node_address("node1", patience=30) == "10.0.0.7"
+    assert capsys.readouterr().out == ""
+    answers(TIMED_OUT)
+    assert node.node_address("node1", patience=0) == "node1"
+    assert capsys.readouterr().out == (
+        "[areal-launch node2] scontrol show node node1: slurm_load_jobs error: Socket timed out "
+        "on send/recv operation; the rendezvous uses the name node1\n"
+    )

@@ -58,6 +58,15 @@ from areal_watchdog.rundir.secure import check_run_dir
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 CONCLUDE_SECONDS = 30  # how long the batch script waits for the sidecars' final word
+CONTROLLER_PATIENCE = 300  # seconds an srun whose controller did not answer is tried again
+SRUN_RETRY_SECONDS = 10
+# What srun says when the controller did not answer before it launched anything (Slurm's own
+# messages, src/srun): worth another try, unlike a refused step or a failed task.
+CONTROLLER_SILENT = (
+    "Unable to (confirm allocation|create step) for job [0-9]+: (Socket timed out|Unable to "
+    "contact slurm controller|Zero Bytes were transmitted|Communication connection failure|"
+    "Connection refused)"
+)
 
 
 @dataclass(frozen=True)
@@ -294,6 +303,9 @@ def _template_values(
         "finished_file": shlex.quote(str(layout.finished_file)),
         "cancel_file": shlex.quote(str(layout.cancel_file)),
         "conclude_seconds": f"{CONCLUDE_SECONDS:g}",
+        "controller_patience": str(CONTROLLER_PATIENCE),
+        "srun_retry_seconds": str(SRUN_RETRY_SECONDS),
+        "controller_silent": CONTROLLER_SILENT,
         "n_nodes": str(n_nodes),
         "python": shlex.quote(python),
         "container_prefix": container,

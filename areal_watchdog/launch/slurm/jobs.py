@@ -9,11 +9,13 @@ from __future__ import annotations
 import re
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.errors import UserError
+from areal_watchdog.common.rankset import format_ranks
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.slurm.same_allocation import attempt_ended
 from areal_watchdog.rundir.hang_request import HangRequest
@@ -37,12 +39,21 @@ def slurm(argv: list[str]) -> subprocess.CompletedProcess[str]:
         ) from None
 
 
+class ControllerSilent(UserError):
+    """slurmctld did not answer (busy, restarting, out of reach): a job's state is unknown,
+    which is not a job that ended."""
+
+
 def job_state(job_id: str) -> dict[str, str]:
-    """``scontrol show job``'s fields (JobState, Reason, NodeList, Comment...); empty if purged."""
+    """``scontrol show job``'s fields (JobState, Reason, NodeList, Comment...); empty once the
+    controller forgot the job; ControllerSilent when it did not answer."""
     out = slurm(["scontrol", "show", "job", "-o", checked_job_id(job_id)])
-    if out.returncode != 0:
+    if out.returncode == 0:
+        return dict(re.findall(r"(\w+)=(\S*)", out.stdout))
+    said = (out.stderr.strip().splitlines() or ["no message"])[-1]
+    if "Invalid job id" in said:
         return {}
-    return dict(re.findall(r"(\w+)=(\S*)", out.stdout))
+    raise ControllerSilent(f"scontrol show job {job_id}: {said}")
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
@@ -99,13 +110,23 @@ def resolve_job(target: str) -> tuple[str, Path | None]:
 
 
 def wait_for_job(
-    job_id: str, run_dir: Path, poll: float = 2.0, out=print, attempts: bool = False
+    job_id: str,
+    run_dir: Path,
+    poll: float = 2.0,
+    out: Callable[[str], object] = print,
+    attempts: bool = False,
 ) -> int:
     """Follow a job to its end (``attempts``: or to the end of an attempt after a hang, its
     allocation kept); the exit code says how it ended (see docs/cli.md)."""
-    last, layout = None, RunLayout(run_dir)
+    last, layout, silent = None, RunLayout(run_dir), Silence(out)
     while True:
-        state = job_state(job_id).get("JobState", "UNKNOWN")
+        try:
+            state = job_state(job_id).get("JobState", "UNKNOWN")
+        except ControllerSilent as exc:
+            silent.heard(f"job {job_id}", str(exc))
+            time.sleep(poll)
+            continue
+        silent.over()
         if state != last:
             out(f"[areal-launch] job {job_id}: {state}")
             last = state
@@ -115,13 +136,68 @@ def wait_for_job(
             out(f"[areal-launch] job {job_id}: its step ended after a hang; allocation kept")
             return ExitCode.HANG_CANCELLED
         time.sleep(poll)
-    if HangRequest.read(RunLayout(run_dir)) is not None:
+    if HangRequest.read(layout) is not None:
         return ExitCode.HANG_CANCELLED
-    return {
+    code = {
         "COMPLETED": ExitCode.OK,
         "CANCELLED": ExitCode.CANCELLED,
         "TIMEOUT": ExitCode.TIMEOUT,
     }.get(state, ExitCode.JOB_FAILED)
+    if code is ExitCode.JOB_FAILED:
+        out(f"[areal-launch] job {job_id} {state}: {why_failed(layout, job_id)}")
+    return code
+
+
+class Silence:
+    """A controller that does not answer, said on the terminal: at once, then every minute, then
+    when it answers again. ``--wait`` waits it out as ``srun`` does: the job runs on meanwhile."""
+
+    EVERY = 60.0
+
+    def __init__(self, out: Callable[[str], object]) -> None:
+        self.out: Callable[[str], object] = out
+        self.answered = time.monotonic()  # the controller's last answer
+        self.said: float | None = None  # when the silence was last mentioned
+
+    def heard(self, what: str, error: str) -> None:
+        now = time.monotonic()
+        if self.said is None or now - self.said >= self.EVERY:
+            self.out(f"[areal-launch] {what}: Slurm's controller has not answered for "
+                     f"{now - self.answered:.0f} s ({error}); waiting for it")  # fmt: skip
+            self.said = now
+
+    def over(self) -> None:
+        now = time.monotonic()
+        if self.said is not None:
+            self.out(f"[areal-launch] Slurm's controller answers again after "
+                     f"{now - self.answered:.0f} s")  # fmt: skip
+        self.answered, self.said = now, None
+
+
+def why_failed(layout: RunLayout, job_id: str) -> str:
+    """What the job's nodes recorded of a failure, and where to read on: ``--wait`` would
+    otherwise end on a bare FAILED."""
+    ends = [read_json(p) for p in sorted(layout.job_exit_dir.glob("*.json"))]
+    said = [
+        f"{e.get('node')}'s part exited with code {e.get('returncode')}"
+        for e in ends
+        if isinstance(e, dict) and e.get("returncode") != 0
+    ]
+    finished = read_json(layout.finished_file)  # this run's: a launch removes an older one
+    incidents = finished.get("incidents") if isinstance(finished, dict) else None
+    for folder in incidents if isinstance(incidents, list) else []:
+        report = read_json(Path(str(folder)) / "report.json")
+        if isinstance(report, dict):
+            ranks = report.get("culprit_ranks")
+            culprits = format_ranks(ranks) if isinstance(ranks, list) and ranks else "none"
+            said.append(
+                f"reported {report.get('category')} (culprit ranks {culprits}): "
+                f"{Path(str(folder)) / 'report.md'}"
+            )
+    if not said:
+        said = ["no node recorded its part's end (it did not start, or Slurm ended it)"]
+    logs = layout.logs_dir / "submitit" / f"{checked_job_id(job_id)}_*_log.out"
+    return "; ".join(said) + f"; logs: {logs} and {layout.logs_dir}"
 
 
 def job_steps(job_id: str) -> list[str]:

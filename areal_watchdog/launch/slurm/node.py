@@ -26,6 +26,8 @@ from areal_watchdog.launch.torchrun import multi_node, torchrun_command
 from areal_watchdog.rundir.layout import ENV_NODE, RunLayout
 
 SIDECAR_FINISH_WAIT = 30.0  # seconds to wait for the leading sidecar's final word
+ADDRESS_PATIENCE = 120.0  # seconds to ask a silent controller for the first node's address
+ADDRESS_RETRY = 2.0
 
 
 @dataclass(frozen=True)
@@ -80,15 +82,24 @@ def slurm_nodes() -> list[str]:
     return expand_nodelist(os.environ["SLURM_JOB_NODELIST"])
 
 
-def node_address(node: str) -> str:
-    """The address Slurm knows a node by (``NodeAddr``), for the rendezvous."""
-    out = subprocess.run(
-        ["scontrol", "show", "node", node], capture_output=True, text=True, check=False
-    )
-    for word in out.stdout.split():
-        if word.startswith("NodeAddr="):
-            return word.split("=", 1)[1]
-    return node
+def node_address(node: str, patience: float = ADDRESS_PATIENCE) -> str:
+    """The address Slurm knows a node by (``NodeAddr``), for the rendezvous. Every node asks
+    at once when the job starts: a controller that does not answer is asked again for
+    ``patience`` seconds, then the node's name stands in (most clusters resolve it)."""
+    deadline = time.monotonic() + patience
+    while True:
+        out = subprocess.run(
+            ["scontrol", "show", "node", node], capture_output=True, text=True, check=False
+        )
+        for word in out.stdout.split():
+            if word.startswith("NodeAddr="):
+                return word.split("=", 1)[1]
+        if out.returncode == 0 or time.monotonic() >= deadline:
+            said = (out.stderr.strip().splitlines() or ["no NodeAddr"])[-1]
+            here = os.environ.get("SLURMD_NODENAME", "?")
+            _say(here, f"scontrol show node {node}: {said}; the rendezvous uses the name {node}")
+            return node
+        time.sleep(ADDRESS_RETRY)
 
 
 def rendezvous_port(job_id: str) -> int:
