@@ -220,7 +220,8 @@ def test_single_controller_hang_names_the_rollout_worker(
     assert re.search(r"first step seen: step [1-4]\b", result.output), result.output[-4000:]
     (report,) = result.reports
     assert report["schema_version"] == 4
-    assert (report["category"], report["cause"]) == ("rollout_stalled", "workflow_stuck")
+    category = (report["category"], report["cause"])
+    assert category == ("rollout_stalled", "workflow_stuck"), report["summary"]
     assert report["last_step"] == 4
     assert report["confirmation"]["by"] == "hard_limit" and report["stalled_for_s"] >= 24
     assert [r["cause"] for r in suspected_looks(result.run_dir)] == ["workflow_stuck"]

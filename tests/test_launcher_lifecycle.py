@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -130,3 +131,29 @@ def test_after_a_cancel_the_verdict_is_the_last_word(launcher: Launcher) -> None
     last = result.output.strip().splitlines()[-2:]
     assert last[0].startswith("[areal-launch] job cancelled after a hang: collective_mismatch")
     assert last[1].startswith("[areal-launch] report: ") and last[1].endswith("report.md")
+
+
+def test_a_job_whose_ranks_never_start_is_reported_at_the_startup_timeout(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """The job's python starts the sidecar but never torchrun (a launcher or container that
+    hangs, as torchrun does at a rendezvous that a node never joins): no rank ever registers.
+    At ``startup_timeout`` that silence is a hang like any other, reported and cancelled (the
+    watchdog waited forever: nothing was alive that a silence could be blamed on)."""
+    shim = tmp_path / "python"
+    shim.write_text(
+        "#!/bin/sh\n"
+        "case \" $* \" in *' torch.distributed.run '*) exec sleep 600;; esac\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    shim.chmod(0o755)
+    overrides = [*FAST, "launch.nproc_per_node=2", f"+launch.python={shim}",
+                 "watchdog.startup_timeout=4"]  # fmt: skip
+    result = launcher.run(overrides, timeout=90)
+    assert result.returncode == 3, result.output
+    (report,) = result.reports
+    assert report["category"] == "unknown" and report["culprit_ranks"] == [0, 1]
+    assert report["summary"].startswith(
+        "No rank started: ranks 0-1 never registered with the watchdog within the start-up timeout"
+    ), report["summary"]
+    assert gone_within(launcher.root, 10) == []

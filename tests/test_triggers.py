@@ -164,3 +164,15 @@ def test_after_a_failure_was_reported_no_stall_is_suspected() -> None:
     lingering = replace(HEALTHY, silent_for=7.0)
     assert Say.SUSPECTED in triggers(lingering)
     assert Say.SUSPECTED not in triggers(lingering, Reported(failure=True))
+
+
+def test_a_job_whose_ranks_never_start_stalls_at_the_startup_timeout() -> None:
+    """Nothing registered, nothing ended: torchrun waits at a rendezvous a node never joined."""
+    before = replace(HEALTHY, first_step_seen=False, alive=frozenset(), ended_nodes=1,
+                     failed=True, silent_for=12.0, threshold=30.0)  # fmt: skip
+    assert triggers(before) == []
+    assert triggers(replace(before, silent_for=31.0, stalled=True)) == [
+        Say.SUSPECTED, Trigger.STALL,
+    ]  # fmt: skip
+    ended = replace(before, gone=frozenset({0, 1}), silent_for=31.0, stalled=True)
+    assert triggers(ended) == []  # ranks that ran and ended are no start-up

@@ -160,12 +160,15 @@ def _init_deadlock(scene: Scene) -> Verdict | None:
 def _never_registered(scene: Scene) -> Verdict | None:
     if not scene.missing:
         return None
-    return Verdict(
-        "unknown",
-        0.3,
-        sorted(scene.missing),
-        f"{ranks_phrase(scene.missing)} never registered with the watchdog.",
-    )
+    missing = f"{ranks_phrase(scene.missing)} never registered with the watchdog"
+    summary = f"{missing}."
+    if len(scene.missing) == len(scene.evidence.ranks):  # none did: the job never started them
+        summary = (
+            f"No rank started: {missing} within the start-up timeout (torchrun waiting at a "
+            "rendezvous that a node never joined, or a launcher or container that never "
+            "started them); see each node's log."
+        )
+    return Verdict("unknown", 0.3, sorted(scene.missing), summary)
 
 
 def _no_stack(scene: Scene) -> Verdict | None:

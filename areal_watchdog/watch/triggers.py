@@ -143,5 +143,7 @@ def _stall(snap: Snapshot, reported: Reported) -> Rule:
 
 def _running(snap: Snapshot) -> bool:
     """Something of the job still runs that a silence can be blamed on: a rank, or (AReaL's
-    single controller) another process of the job."""
-    return bool(snap.alive) or snap.others_alive > 0
+    single controller) another process of the job. Or nothing yet: no rank ever started, and
+    the job has not ended. A job stuck before its ranks (torchrun at a rendezvous that a node
+    never joins, a container that never starts) is a silence too, seen at ``startup_timeout``."""
+    return bool(snap.alive) or snap.others_alive > 0 or not (snap.gone or snap.first_step_seen)
