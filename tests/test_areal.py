@@ -224,7 +224,11 @@ def test_single_controller_hang_names_the_rollout_worker(
     assert category == ("rollout_stalled", "workflow_stuck"), report["summary"]
     assert report["last_step"] == 4
     assert report["confirmation"]["by"] == "hard_limit" and report["stalled_for_s"] >= 24
-    assert [r["cause"] for r in suspected_looks(result.run_dir)] == ["workflow_stuck"]
+    # the hang's look was suspected, not posted; under CI's load a slow step before it may
+    # have been suspected too (and not posted either: its stacks moved)
+    *earlier, last = suspected_looks(result.run_dir)
+    assert last["cause"] == "workflow_stuck", last["summary"]
+    assert all(look["confirmation"]["confirmed"] is False for look in earlier), earlier
     (culprit,) = report["culprit_workers"]
     assert (culprit["role"], culprit["index"]) == ("rollout", 0)
     roles = by_role(report)
