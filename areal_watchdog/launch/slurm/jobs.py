@@ -39,6 +39,11 @@ def slurm(argv: list[str]) -> subprocess.CompletedProcess[str]:
         ) from None
 
 
+def last_said(out: subprocess.CompletedProcess[str], default: str = "no message") -> str:
+    """The last line a Slurm command wrote to stderr: the one that says why."""
+    return (out.stderr.strip().splitlines() or [default])[-1]
+
+
 class ControllerSilent(UserError):
     """slurmctld did not answer (busy, restarting, out of reach): a job's state is unknown,
     which is not a job that ended."""
@@ -50,7 +55,7 @@ def job_state(job_id: str) -> dict[str, str]:
     out = slurm(["scontrol", "show", "job", "-o", checked_job_id(job_id)])
     if out.returncode == 0:
         return dict(re.findall(r"(\w+)=(\S*)", out.stdout))
-    said = (out.stderr.strip().splitlines() or ["no message"])[-1]
+    said = last_said(out)
     if "Invalid job id" in said:
         return {}
     raise ControllerSilent(f"scontrol show job {job_id}: {said}")
@@ -185,14 +190,15 @@ def why_failed(layout: RunLayout, job_id: str) -> str:
     ]
     finished = read_json(layout.finished_file)  # this run's: a launch removes an older one
     incidents = finished.get("incidents") if isinstance(finished, dict) else None
-    for folder in incidents if isinstance(incidents, list) else []:
-        report = read_json(Path(str(folder)) / "report.json")
+    for name in incidents if isinstance(incidents, list) else []:
+        folder = layout.incidents_dir / Path(str(name)).name  # never a path the record names
+        report = read_json(folder / "report.json")
         if isinstance(report, dict):
             ranks = report.get("culprit_ranks")
             culprits = format_ranks(ranks) if isinstance(ranks, list) and ranks else "none"
             said.append(
                 f"reported {report.get('category')} (culprit ranks {culprits}): "
-                f"{Path(str(folder)) / 'report.md'}"
+                f"{folder / 'report.md'}"
             )
     if not said:
         said = ["no node recorded its part's end (it did not start, or Slurm ended it)"]
@@ -210,8 +216,7 @@ def job_steps(job_id: str) -> list[str]:
 def cancel_job(job_id: str) -> None:
     out = slurm(["scancel", checked_job_id(job_id)])
     if out.returncode != 0:
-        said = out.stderr.strip().splitlines() or ["no message"]
-        raise UserError(f"scancel {job_id} failed: {said[-1]}")  # the last line says why
+        raise UserError(f"scancel {job_id} failed: {last_said(out)}")
 
 
 def node_statuses(run_dir: Path) -> list[dict[str, Any]]:

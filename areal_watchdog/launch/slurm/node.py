@@ -20,7 +20,7 @@ from pathlib import Path
 from areal_watchdog.common.atomic import read_json, write_json_atomic
 from areal_watchdog.launch.gate import pass_gate
 from areal_watchdog.launch.plan import Gate
-from areal_watchdog.launch.slurm.jobs import expand_nodelist
+from areal_watchdog.launch.slurm.jobs import expand_nodelist, last_said, slurm
 from areal_watchdog.launch.slurm.same_allocation import resumed_attempt
 from areal_watchdog.launch.torchrun import multi_node, torchrun_command
 from areal_watchdog.rundir.layout import ENV_NODE, RunLayout
@@ -88,14 +88,12 @@ def node_address(node: str, patience: float = ADDRESS_PATIENCE) -> str:
     ``patience`` seconds, then the node's name stands in (most clusters resolve it)."""
     deadline = time.monotonic() + patience
     while True:
-        out = subprocess.run(
-            ["scontrol", "show", "node", node], capture_output=True, text=True, check=False
-        )
+        out = slurm(["scontrol", "show", "node", node])
         for word in out.stdout.split():
             if word.startswith("NodeAddr="):
                 return word.split("=", 1)[1]
         if out.returncode == 0 or time.monotonic() >= deadline:
-            said = (out.stderr.strip().splitlines() or ["no NodeAddr"])[-1]
+            said = last_said(out, "no NodeAddr")
             here = os.environ.get("SLURMD_NODENAME", "?")
             _say(here, f"scontrol show node {node}: {said}; the rendezvous uses the name {node}")
             return node
