@@ -275,8 +275,11 @@ def test_hang_on_second_node_is_reported_once_and_job_cancelled(runs: SlurmRuns)
 @pytest.mark.slurm
 def test_a_crashed_rank_fails_the_job_and_the_wait_says_why(runs: SlurmRuns) -> None:
     """Rank 2 (node2) raises at step 3: nothing hangs, nothing is cancelled. ``--wait`` follows
-    Slurm's FAILED with what the nodes recorded, the report, and where the logs are."""
-    proc = runs.launch("crash", "demo.hang=crash", "demo.hang_rank=2")
+    Slurm's FAILED with what the nodes recorded, the report, and where the logs are. The
+    stall and crash clocks are set past torchrun's teardown: with the cluster's 3 s stall, CI's
+    load once kept node1's last rank alive long enough for a stall report and a cancel."""
+    slow = ("watchdog.stall_timeout=60", "watchdog.crash_grace=60")
+    proc = runs.launch("crash", "demo.hang=crash", "demo.hang_rank=2", *slow)
     job_id = runs.job_id("crash")
     code, output = runs.finish(proc)
     assert code == 1, output + runs.logs("crash")

@@ -121,11 +121,12 @@ def _stack_for(
         process = psutil.Process(proc.pid)
         evidence.process_status = process.status()
         evidence.cwd = process.cwd()  # the user's files are shown relative to it
+    refused = settings.method == "faulthandler"
     if settings.method in ("auto", "py-spy"):
-        evidence.threads = _pyspy_stacks(proc.pid, settings.timeout, errors)
+        evidence.threads, refused = _pyspy_stacks(proc.pid, settings.timeout, errors)
         if evidence.threads:
             evidence.evidence_method = "py-spy"
-    if not evidence.threads and settings.method in ("auto", "faulthandler"):
+    if not evidence.threads and refused and settings.method in ("auto", "faulthandler"):
         if proc.cooperative_signal:
             try:
                 evidence.threads = dump_cooperative(
@@ -149,19 +150,24 @@ def _stack_for(
     return evidence
 
 
-def _pyspy_stacks(pid: int, timeout: float, errors: list[str]) -> list[ThreadStack]:
-    """py-spy's stacks, asked twice: under load a dump sometimes fails reading memory the
-    process is changing (a second try a moment later answers). A refusal or a timeout is not
-    retried: it would fail or wait the same way again."""
+def _pyspy_stacks(pid: int, timeout: float, errors: list[str]) -> tuple[list[ThreadStack], bool]:
+    """py-spy's stacks, and whether py-spy was refused (or absent): only then is the rank's own
+    faulthandler asked. Under load a dump sometimes fails reading memory the process is
+    changing (a second try a moment later answers); a dump that ran out of time suspending a
+    busy many-threaded process is tried once without suspending it. A late py-spy is no reason
+    to signal the process: faulthandler walks every thread's frames from a signal handler
+    while they run, and CI saw an AReaL rollout worker segfault inside that dump."""
+    nonblocking = False
     for attempt in range(2):
         try:
-            return dump_pyspy(pid, timeout)
+            return dump_pyspy(pid, timeout, nonblocking=nonblocking), False
         except StackError as exc:
-            if exc.permission or attempt or "did not answer" in str(exc):
-                errors.append(str(exc))
-                return []
-            time.sleep(PYSPY_RETRY_DELAY)
-    return []
+            errors.append(str(exc) + (" (not suspending it)" if nonblocking else ""))
+            if exc.permission or attempt:
+                return [], exc.permission
+            nonblocking = exc.late
+            time.sleep(0 if exc.late else PYSPY_RETRY_DELAY)
+    return [], False
 
 
 def stack_file(layout: RunLayout, proc: JobProcess) -> Path:

@@ -24,11 +24,13 @@ from areal_watchdog.evidence.model import Frame, ThreadStack
 
 
 class StackError(Exception):
-    """No stack could be taken; ``permission`` tells whether ptrace was refused."""
+    """No stack could be taken; ``permission`` tells whether ptrace was refused, ``late``
+    whether py-spy ran out of time."""
 
-    def __init__(self, message: str, permission: bool = False) -> None:
+    def __init__(self, message: str, permission: bool = False, late: bool = False) -> None:
         super().__init__(message)
         self.permission = permission
+        self.late = late
 
 
 @functools.lru_cache(maxsize=1)
@@ -48,8 +50,9 @@ def pyspy_executable() -> str | None:
     return shutil.which("py-spy")
 
 
-def dump_pyspy(pid: int, timeout: float) -> list[ThreadStack]:
-    """The Python stacks of every thread of ``pid``; raises StackError when refused or late."""
+def dump_pyspy(pid: int, timeout: float, nonblocking: bool = False) -> list[ThreadStack]:
+    """The Python stacks of every thread of ``pid``; raises StackError when refused or late.
+    ``nonblocking`` reads without suspending the target (no attach to each of its threads)."""
     exe = pyspy_executable()
     if exe is None:
         raise StackError("py-spy is not installed", permission=True)
@@ -57,7 +60,7 @@ def dump_pyspy(pid: int, timeout: float) -> list[ThreadStack]:
     env = {**os.environ, "RUST_BACKTRACE": "0"}
     # A blocking dump cannot suspend a process that is already stopped; reading it without
     # suspending is consistent anyway, since it cannot run.
-    extra = ["--nonblocking"] if was_stopped else []
+    extra = ["--nonblocking"] if was_stopped or nonblocking else []
     try:
         out = subprocess.run(
             [exe, "dump", "--pid", str(pid), "--json", *extra],
@@ -68,7 +71,7 @@ def dump_pyspy(pid: int, timeout: float) -> list[ThreadStack]:
             check=False,
         )
     except subprocess.TimeoutExpired:
-        raise StackError(f"py-spy did not answer within {timeout:g} s") from None
+        raise StackError(f"py-spy did not answer within {timeout:g} s", late=True) from None
     finally:
         if not was_stopped and _is_stopped(pid):
             os.kill(pid, signal.SIGCONT)

@@ -11,6 +11,8 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from areal_watchdog.evidence.discovery import Scope
 from areal_watchdog.evidence.gather import GatherSettings
 from areal_watchdog.rundir.layout import ENV_NODE, ENV_RUN_ID, ENV_WATCH_DIR, RunLayout
@@ -103,6 +105,59 @@ def test_the_end_of_the_node_s_job_lists_every_process_as_gone(tmp_path: Path) -
         watch.refresh(time.time())
         watch.all_gone()
         assert watch.summary()["ranks_gone"] == [0] and watch.pids() == []
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+FAKE_PYSPY = """#!/bin/sh
+# py-spy as a loaded machine answers it: MODE is late (a blocking dump never finishes),
+# late-always (nor one without suspending), or refused (ptrace denied).
+case "{mode}:$*" in
+  refused:*) echo "Error: Permission denied (os error 13)" >&2; exit 1 ;;
+  late:*--nonblocking*) echo '[{{"thread_id": 1, "thread_name": "MainThread", "active": false,
+    "owns_gil": false, "frames": [{{"name": "wait_in_the_collective", "filename": "train.py",
+    "line": 5}}]}}]'; exit 0 ;;
+  *) exec sleep 30 ;;
+esac
+"""
+
+
+@pytest.mark.parametrize(
+    ("mode", "method", "state"),
+    [("late", "py-spy", "blocked"), ("late-always", "none", "unresponsive"),
+     ("refused", "faulthandler", "blocked")],
+)  # fmt: skip
+def test_a_late_py_spy_is_asked_again_without_suspending_and_never_signals_the_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, method: str, state: str
+) -> None:
+    """Only a refused py-spy falls back to the rank's own faulthandler. A late one (a busy
+    many-threaded process) is read once more without suspending it; the rank is never sent
+    the cooperative signal for it (CI saw a rollout worker segfault inside that dump)."""
+    fake = tmp_path / "py-spy"
+    fake.write_text(FAKE_PYSPY.format(mode=mode))
+    fake.chmod(0o755)
+    monkeypatch.setattr("areal_watchdog.evidence.pyspy.pyspy_executable", lambda: str(fake))
+    run_id = f"unit-{uuid.uuid4().hex}"
+    layout = RunLayout(tmp_path)
+    watch = NodeWatch(layout, Scope(run_id, "n1", world_size=1), expected=1)
+    rank = start_rank(tmp_path, run_id)
+    try:
+        wait_for(layout.registration(0, "n1"))
+        watch.refresh(time.time())
+        time.sleep(0.1)  # until the rank is inside its script
+        (item,) = watch.evidence(GatherSettings("auto", timeout=1.0))
+        assert (item.evidence_method, item.state) == (method, state), item.error
+        dumped = layout.stack_file(0).read_text()
+        assert ("wait_in_the_collective" in dumped) == (method == "faulthandler")
+        names = [f.name for t in item.threads for f in t.frames]
+        assert ("wait_in_the_collective" in names) == (state == "blocked")
+        if mode == "late-always":
+            assert item.error == (
+                "py-spy did not answer within 1 s; "
+                "py-spy did not answer within 1 s (not suspending it)"
+            )
+        assert rank.poll() is None
     finally:
         rank.kill()
         rank.wait()
