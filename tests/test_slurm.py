@@ -103,7 +103,10 @@ class SlurmRuns:
 
     def job_id(self, trial: str, timeout: float = 30) -> str:
         path = self.root / "slurm-test" / trial / "watchdog" / "slurm_job.json"
-        assert wait_until(path.exists, timeout), f"no job submitted for {trial}"
+        if not wait_until(path.exists, timeout):
+            launcher = self.popens[self.trials.index(trial)]
+            said = launcher.communicate()[0] if launcher.poll() is not None else "(still running)"
+            pytest.fail(f"no job submitted for {trial}; the launcher said: {said}")
         job_id = json.loads(path.read_text())["job_id"]
         self.job_ids.append(job_id)
         return job_id
@@ -278,7 +281,7 @@ def test_a_crashed_rank_fails_the_job_and_the_wait_says_why(runs: SlurmRuns) -> 
     Slurm's FAILED with what the nodes recorded, the report, and where the logs are. The
     stall and crash clocks are set past torchrun's teardown: with the cluster's 3 s stall, CI's
     load once kept node1's last rank alive long enough for a stall report and a cancel."""
-    slow = ("watchdog.stall_timeout=60", "watchdog.crash_grace=60")
+    slow = ("watchdog.stall_timeout=60", "+watchdog.crash_grace=60")
     proc = runs.launch("crash", "demo.hang=crash", "demo.hang_rank=2", *slow)
     job_id = runs.job_id("crash")
     code, output = runs.finish(proc)
