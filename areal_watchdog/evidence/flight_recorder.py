@@ -28,7 +28,7 @@ from typing import Any
 
 from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.backoff import looks
-from areal_watchdog.common.fifo import write_fifo
+from areal_watchdog.common.fifo import write_fifos
 from areal_watchdog.rundir.layout import RunLayout
 
 _KEPT = (
@@ -52,14 +52,10 @@ def collect(layout: RunLayout, ranks: list[int], timeout: float) -> dict[int, di
     Only ranks a trigger reached are waited for (a rank with neither listener, or a filesystem
     without FIFOs, cost the whole timeout and ten lookups a rank for nothing)."""
     request = f"{os.getpid()}-{time.time_ns()}"
-    asked: list[int] = []
-    asked_nccl: set[int] = set()
-    for rank in ranks:
-        if write_fifo(layout.fr_trigger(rank), request):
-            asked.append(rank)
-        elif write_fifo(layout.nccl_pipe(rank), "1"):
-            asked.append(rank)
-            asked_nccl.add(rank)
+    asked = write_fifos({rank: layout.fr_trigger(rank) for rank in ranks}, request)
+    pipes = {rank: layout.nccl_pipe(rank) for rank in ranks if rank not in asked}
+    asked_nccl = write_fifos(pipes, "1")
+    asked |= asked_nccl
     traces: dict[int, dict[str, Any]] = {}
     for _ in looks(timeout if asked else 0):
         if len(traces) == len(asked):

@@ -12,14 +12,14 @@ from typing import Any
 
 from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.backoff import looks
-from areal_watchdog.common.fifo import write_fifo
+from areal_watchdog.common.fifo import write_fifos
 from areal_watchdog.rundir.layout import RunLayout
 
 
 def collect(layout: RunLayout, pids: list[int], timeout: float) -> dict[int, dict[str, Any]]:
     """Ask each listed process for its tasks; return the dumps that arrive within ``timeout``."""
     request = f"{os.getpid()}-{time.time_ns()}"
-    asked = [pid for pid in pids if write_fifo(layout.tasks_trigger(pid), request)]
+    asked = write_fifos({pid: layout.tasks_trigger(pid) for pid in pids}, request)
     dumps: dict[int, dict[str, Any]] = {}
     for _ in looks(timeout if asked else 0):
         if len(dumps) == len(asked):

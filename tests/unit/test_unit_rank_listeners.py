@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+from areal_watchdog.evidence import flight_recorder
 from areal_watchdog.rank import task_listener
 from areal_watchdog.rank.flight_recorder import start_listener
 from areal_watchdog.rundir.layout import RunLayout
@@ -102,3 +104,45 @@ def test_no_task_listener_where_its_folder_cannot_be_made(tmp_path: Path) -> Non
     before = set(threading.enumerate())
     assert task_listener.start(RunLayout(tmp_path)) is False
     assert set(threading.enumerate()) == before
+
+
+LISTENER_PROCESS = """
+import sys, time
+from pathlib import Path
+from areal_watchdog.rank.flight_recorder import start_listener
+from areal_watchdog.rundir.layout import RunLayout
+
+start_listener(RunLayout(Path(sys.argv[1])), 3)
+print("listening", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_listener_stopped_as_the_sidecar_asks_is_asked_again_once_it_runs(
+    tmp_path: Path,
+) -> None:
+    """A stopped process has no reader on its FIFO (its thread's ``open()`` was interrupted and
+    restarts when it runs again): py-spy's blocking dump, just before the Flight Recorder is
+    asked, stops every rank. The trigger is tried again, and the rank's answer counts; a rank
+    without any listener still costs nothing."""
+    layout = RunLayout(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LISTENER_PROCESS, str(tmp_path)], env=env, text=True,
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    resume = threading.Timer(0.3, os.kill, (proc.pid, signal.SIGCONT))
+    try:
+        assert proc.stdout.readline() == "listening\n"
+        time.sleep(0.2)  # until the thread is in its open()
+        os.kill(proc.pid, signal.SIGSTOP)
+        resume.start()
+        traces = flight_recorder.collect(layout, [3], timeout=5.0)
+        assert "torch.distributed is not initialised" in traces[3]["error"], traces
+        started = time.monotonic()
+        assert flight_recorder.collect(layout, [4], timeout=5.0) == {}
+        assert time.monotonic() - started < 0.5
+    finally:
+        resume.cancel()
+        proc.kill()
+        proc.wait()
