@@ -29,6 +29,14 @@ def wait_for(path: Path, timeout: float = 5.0) -> None:
     assert path.exists(), f"{path} never appeared"
 
 
+def start_process(source: str, run_dir: Path) -> subprocess.Popen:
+    """A child running ``source`` with this checkout importable, its stdout read as text."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [sys.executable, "-c", source, str(run_dir)], env=env, text=True, stdout=subprocess.PIPE
+    )
+
+
 def test_the_flight_recorder_listener_answers_each_request_with_a_record(tmp_path: Path) -> None:
     """No process group in this process: the rank answers with why there is no trace, never
     silence (the sidecar would wait out its timeout)."""
@@ -75,11 +83,7 @@ asyncio.run(main())
 
 def test_the_task_listener_dumps_the_pending_coroutines_on_request(tmp_path: Path) -> None:
     layout = RunLayout(tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", TASKS_PROCESS, str(tmp_path)], env=env, text=True,
-        stdout=subprocess.PIPE,
-    )  # fmt: skip
+    proc = start_process(TASKS_PROCESS, tmp_path)
     try:
         assert proc.stdout.readline() == "True\n"
         fd = os.open(layout.tasks_trigger(proc.pid), os.O_WRONLY | os.O_NONBLOCK)
@@ -126,11 +130,7 @@ def test_a_listener_stopped_as_the_sidecar_asks_is_asked_again_once_it_runs(
     asked, stops every rank. The trigger is tried again, and the rank's answer counts; a rank
     without any listener still costs nothing."""
     layout = RunLayout(tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", LISTENER_PROCESS, str(tmp_path)], env=env, text=True,
-        stdout=subprocess.PIPE,
-    )  # fmt: skip
+    proc = start_process(LISTENER_PROCESS, tmp_path)
     resume = threading.Timer(0.3, os.kill, (proc.pid, signal.SIGCONT))
     try:
         assert proc.stdout.readline() == "listening\n"

@@ -4,11 +4,13 @@ stack taken by the cooperative faulthandler dump, its end noticed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -49,15 +51,27 @@ def wait_for(path: Path, timeout: float = 5.0) -> None:
     assert path.exists(), f"{path} never appeared"
 
 
-def test_a_rank_is_found_its_stack_taken_and_its_end_noticed(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def watched_rank(
+    tmp_path: Path, source: str = RANK_SCRIPT, log: Callable[[str], None] = lambda _line: None
+) -> Iterator[tuple[RunLayout, NodeWatch, subprocess.Popen]]:
+    """One real rank, registered and seen by the node's watch; killed at the end."""
     run_id = f"unit-{uuid.uuid4().hex}"
     layout = RunLayout(tmp_path)
-    lines: list[str] = []
-    watch = NodeWatch(layout, Scope(run_id, "n1", world_size=1), expected=1, log=lines.append)
-    rank = start_rank(tmp_path, run_id)
+    watch = NodeWatch(layout, Scope(run_id, "n1", world_size=1), expected=1, log=log)
+    rank = start_rank(tmp_path, run_id, source)
     try:
         wait_for(layout.registration(0, "n1"))
         watch.refresh(time.time())
+        yield layout, watch, rank
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+def test_a_rank_is_found_its_stack_taken_and_its_end_noticed(tmp_path: Path) -> None:
+    lines: list[str] = []
+    with watched_rank(tmp_path, log=lines.append) as (_, watch, rank):
         assert watch.summary() == {
             "ranks_alive": {"0": rank.pid}, "ranks_gone": [], "ranks_done": [],
             "workers_alive": [],
@@ -74,40 +88,19 @@ def test_a_rank_is_found_its_stack_taken_and_its_end_noticed(tmp_path: Path) -> 
         assert watch.summary()["ranks_gone"] == [0] and watch.summary()["ranks_alive"] == {}
         assert watch.summary()["ranks_done"] == []  # killed: no clean return
         assert lines[-1].endswith("exited; 0 ranks alive here")
-    finally:
-        rank.kill()
-        rank.wait()
 
 
 def test_a_rank_that_returns_is_done_not_failed(tmp_path: Path) -> None:
-    run_id = f"unit-{uuid.uuid4().hex}"
-    layout = RunLayout(tmp_path)
-    watch = NodeWatch(layout, Scope(run_id, "n1", world_size=1), expected=1)
-    rank = start_rank(tmp_path, run_id, "import time\ntime.sleep(1)\n")
-    try:
-        wait_for(layout.registration(0, "n1"))
-        watch.refresh(time.time())
+    with watched_rank(tmp_path, "import time\ntime.sleep(1)\n") as (_, watch, rank):
         rank.wait(timeout=30)
         watch.refresh(time.time())
         assert watch.summary()["ranks_gone"] == watch.summary()["ranks_done"] == [0]
-    finally:
-        rank.kill()
-        rank.wait()
 
 
 def test_the_end_of_the_node_s_job_lists_every_process_as_gone(tmp_path: Path) -> None:
-    run_id = f"unit-{uuid.uuid4().hex}"
-    layout = RunLayout(tmp_path)
-    watch = NodeWatch(layout, Scope(run_id, "n1", world_size=1), expected=1)
-    rank = start_rank(tmp_path, run_id)
-    try:
-        wait_for(layout.registration(0, "n1"))
-        watch.refresh(time.time())
+    with watched_rank(tmp_path) as (_, watch, _rank):
         watch.all_gone()
         assert watch.summary()["ranks_gone"] == [0] and watch.pids() == []
-    finally:
-        rank.kill()
-        rank.wait()
 
 
 FAKE_PYSPY = """#!/bin/sh
@@ -138,13 +131,7 @@ def test_a_late_py_spy_is_asked_again_without_suspending_and_never_signals_the_r
     fake.write_text(FAKE_PYSPY.format(mode=mode))
     fake.chmod(0o755)
     monkeypatch.setattr("areal_watchdog.evidence.pyspy.pyspy_executable", lambda: str(fake))
-    run_id = f"unit-{uuid.uuid4().hex}"
-    layout = RunLayout(tmp_path)
-    watch = NodeWatch(layout, Scope(run_id, "n1", world_size=1), expected=1)
-    rank = start_rank(tmp_path, run_id)
-    try:
-        wait_for(layout.registration(0, "n1"))
-        watch.refresh(time.time())
+    with watched_rank(tmp_path) as (layout, watch, rank):
         time.sleep(0.1)  # until the rank is inside its script
         (item,) = watch.evidence(GatherSettings("auto", timeout=1.0))
         assert (item.evidence_method, item.state) == (method, state), item.error
@@ -158,6 +145,3 @@ def test_a_late_py_spy_is_asked_again_without_suspending_and_never_signals_the_r
                 "py-spy did not answer within 1 s (not suspending it)"
             )
         assert rank.poll() is None
-    finally:
-        rank.kill()
-        rank.wait()
