@@ -121,12 +121,13 @@ def _stack_for(
         process = psutil.Process(proc.pid)
         evidence.process_status = process.status()
         evidence.cwd = process.cwd()  # the user's files are shown relative to it
-    refused = settings.method == "faulthandler"
+    ask_the_rank = settings.method == "faulthandler"
     if settings.method in ("auto", "py-spy"):
         evidence.threads, refused = _pyspy_stacks(proc.pid, settings.timeout, errors)
         if evidence.threads:
             evidence.evidence_method = "py-spy"
-    if not evidence.threads and refused and settings.method in ("auto", "faulthandler"):
+        ask_the_rank = refused and settings.method == "auto"
+    if not evidence.threads and ask_the_rank:
         if proc.cooperative_signal:
             try:
                 evidence.threads = dump_cooperative(
