@@ -20,12 +20,14 @@ from bench_netfs import run_netfs_benchmarks  # noqa: E402
 from bench_notify import run_notify_benchmarks  # noqa: E402
 from bench_resume import run_resume_benchmarks  # noqa: E402
 from bench_scale import run_scale_benchmarks  # noqa: E402
+from bench_seconds import run_seconds_benchmarks  # noqa: E402
 from bench_sidecars import run_sidecar_benchmarks  # noqa: E402
 from bench_trajectory import run_trajectory_benchmarks  # noqa: E402
 from bench_watchdog import run_watchdog_benchmarks  # noqa: E402
 
 TOPICS = {
     "watchdog": run_watchdog_benchmarks,
+    "seconds": run_seconds_benchmarks,
     "notify": run_notify_benchmarks,
     "trajectory": run_trajectory_benchmarks,
     "faults": run_fault_benchmarks,

@@ -9,7 +9,13 @@ import pytest
 import regex
 
 from areal_watchdog.config.model import DEFAULT_STEP_REGEX
-from areal_watchdog.watch.progress import GLOB_EVERY, StallClock, StepLogTail, find_progress
+from areal_watchdog.watch.progress import (
+    GLOB_EVERY,
+    StallClock,
+    StepLogTail,
+    find_progress,
+    learned_threshold,
+)
 
 AREAL_LINE = (
     "\x1b[32m(AReaL) 20260829-00:00:00.000 StatsLogger INFO:\x1b[0m Epoch 2/2 "
@@ -67,16 +73,42 @@ def test_stall_clock_fixed_threshold_and_startup() -> None:
 
 
 def test_stall_clock_auto_learns_from_intervals() -> None:
-    clock = StallClock(
-        stall_timeout=None, startup_timeout=300, auto_factor=5, auto_min_timeout=20, started_at=0.0
-    )
+    """The default: the start-up timeout until an interval is seen, generous limits for the
+    first steps, then 3 x the 99th percentile of the intervals, never below 5 s."""
+    clock = StallClock(stall_timeout=None, startup_timeout=300, started_at=0.0)
     clock.step(1, now=100)
-    assert clock.threshold == 300  # no interval seen yet
+    assert clock.threshold == 300  # no interval seen yet: step 1 may have included start-up
     clock.step(2, now=102)
-    assert clock.threshold == 20  # 5 x 2 s is below the floor
-    clock.step(3, now=110)
-    assert clock.threshold == 40  # 5 x 8 s
-    assert not clock.stalled(149) and clock.stalled(151)
+    assert clock.threshold == 60  # warming up: at least a minute
+    clock.step(3, now=120)
+    assert clock.threshold == 90  # warming up: 5 x the longest interval (18 s)
+    for step in range(4, 40):
+        clock.step(step, now=120 + (step - 3) * 0.5)
+    assert clock.learned and clock.threshold == 54  # 3 x the p99 (18 s, still in the window)
+    for step in range(40, 400):
+        clock.step(step, now=clock.last_progress_at + 0.5)
+    assert clock.threshold == 5.0  # 3 x 0.5 s is below the floor
+    assert not clock.stalled(clock.last_progress_at + 4.9)
+    assert clock.stalled(clock.last_progress_at + 5.1)
+
+
+def test_a_learned_threshold_follows_slow_steps_and_ignores_one_outlier() -> None:
+    """Steps of 40 s with jitter: the threshold is 3 x their p99; one 200 s step among 256 is
+    above the 99th percentile and does not raise it (it is not the 1 % the quantile keeps)."""
+    clock = StallClock(stall_timeout=None, startup_timeout=300, started_at=0.0)
+    now = 0.0
+    for step in range(300):
+        now += 200.0 if step == 250 else 40.0 + (step % 7)
+        clock.step(step, now=now)
+    assert clock.threshold == 3 * 46.0
+    assert learned_threshold([40.0] * 100, 3.0, 5.0) == 120.0
+
+
+def test_an_explicit_stall_timeout_wins_over_the_learned_one() -> None:
+    clock = StallClock(stall_timeout=30, startup_timeout=300, started_at=0.0)
+    for step in range(10):
+        clock.step(step, now=float(step))
+    assert clock.threshold == 30 and not clock.learned
 
 
 def test_the_silence_after_the_last_step_is_teardown_judged_by_its_own_timeout(

@@ -5,7 +5,6 @@ Each case asserts what a user reads in report.json: the category and the culprit
 
 from __future__ import annotations
 
-import re
 import signal
 import time
 
@@ -93,8 +92,9 @@ def test_mismatch_report_names_call_sites(launcher: Launcher) -> None:
 
 def test_a_slow_phase_and_an_announced_pause_are_never_cancelled(launcher: Launcher) -> None:
     """Steps take 1.5 s against a 3 s threshold. Step 2 is slow, unannounced (4.5 s): a stall
-    at the first look, but on the second look (on_hang=cancel looks twice) a new step came:
-    reported as suspected, not cancelled. The checkpoint pause at step 3 (5 s) exceeds the
+    at the first look, but every rank sleeps in its own code and none waits on another, so
+    nothing proves a hang: suspected (written, not posted), left to time, and the new step ends
+    it. The checkpoint pause at step 3 (5 s) exceeds the
     threshold but is announced through areal_watchdog.expect_pause: no incident at all. After
     the last step (``Step 4/4``) rank 0 saves for 5 s: teardown, no hang either."""
     result = launcher.run(
@@ -113,13 +113,14 @@ def test_a_slow_phase_and_an_announced_pause_are_never_cancelled(launcher: Launc
         ]
     )
     assert result.returncode == 0, result.output[-3000:]
-    assert "a second look in 3 s before cancelling" in result.output
-    assert "second look: a new step (2): not cancelling" in result.output
+    assert "unknown suspected (culprit ranks none named): no stack tells a slow phase" in (
+        result.output
+    )
     assert result.reports == []  # nobody is paged for a look that was not confirmed
     (report,) = suspected_looks(result.run_dir)
     assert report["action"] == "report" and report["confirmation"]["confirmed"] is False
     assert report["confirmation"]["posted"] is False
-    assert re.match(r"Suspected, not confirmed: on a second look 3\.\d s later", report["summary"])
+    assert report["summary"].startswith("Suspected, not confirmed: no stack tells a slow phase")
     assert "1 suspected look(s) not posted" in result.output
     assert "pause announced (saving checkpoint)" in result.output
     assert "last step seen: step 4 of 4; the job's teardown counts as a hang after 300 s" in (
@@ -128,11 +129,12 @@ def test_a_slow_phase_and_an_announced_pause_are_never_cancelled(launcher: Launc
     assert "job completed (last step 4)" in result.output
 
 
-def test_a_hang_that_starts_during_a_second_look_is_caught_after_it(launcher: Launcher) -> None:
-    """Step 2 is slow (a stall at the first look); the job moves on, and at step 3 rank 1
-    freezes while the second look is still pending. That look finds the new step (not
-    cancelling); the freeze, a new silence, is then looked at afresh and cancelled: it was
-    once swallowed by the pending look, and the job hung unreported."""
+def test_a_hang_that_starts_after_a_suspected_look_is_caught_afresh(launcher: Launcher) -> None:
+    """Step 2 is slow (a stall at the first look, every rank asleep in its own code: left to
+    time); the job moves on, and at step 3 rank 1 freezes. The freeze, a new silence, is
+    looked at afresh and cancelled: it was once swallowed by the look before it, and the job
+    hung unreported. (A hang that starts while a second look is pending: the fast test
+    ``test_a_dismissed_look_is_looked_at_again_and_a_later_look_confirms``.)"""
     result = launcher.run(
         [
             *FAST,
@@ -149,7 +151,7 @@ def test_a_hang_that_starts_during_a_second_look_is_caught_after_it(launcher: La
         timeout=120,
     )
     assert result.returncode == 3, result.output[-3000:]
-    assert "not cancelling" in result.output
+    assert "no stack tells a slow phase from a hang here" in result.output
     (first,) = suspected_looks(result.run_dir)
     (second,) = result.reports
     assert first["action"] == "report" and first["confirmation"]["confirmed"] is False

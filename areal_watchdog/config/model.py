@@ -102,15 +102,15 @@ class WatchdogSection:
     """How the sidecar decides that the job stalled and what it does then."""
 
     enabled: bool = False
-    stall_timeout: float | None = 600.0  # None means "auto"
+    stall_timeout: float | None = None  # None means "auto": learned from the step intervals
     startup_timeout: float = 1800.0
     teardown_timeout: float = 300.0  # the least silence after the job's last step that is a hang
     poll_interval: float = 1.0
     step_regex: str = DEFAULT_STEP_REGEX
     log_files: list[str] = field(default_factory=list)
     on_hang: HangAction = HangAction.REPORT
-    auto_factor: float = 5.0
-    auto_min_timeout: float = 60.0
+    auto_factor: float = 3.0  # auto: this many times the 99th percentile of the step intervals
+    auto_min_timeout: float = 5.0  # auto: never below this once learned
     dump_timeout: float = 5.0
     stack_method: str = "auto"
     crash_grace: float = 10.0

@@ -213,10 +213,11 @@ def _watchdog(check: Checker, wd: dict[str, Any]) -> WatchdogSection:
 
 
 def _stall_timeout(check: Checker, wd: dict[str, Any]) -> float | None:
-    if wd.get("stall_timeout") == "auto":
+    """The stall threshold in seconds; absent or 'auto' (None): learned from the job's own step
+    intervals (``watch.progress.learned_threshold``)."""
+    if wd.get("stall_timeout", "auto") == "auto":
         return None
-    fallback = default(WatchdogSection, "stall_timeout")
-    return check.number(wd, "watchdog.stall_timeout", fallback, minimum=1e-9, auto=True)
+    return check.number(wd, "watchdog.stall_timeout", 0.0, minimum=1e-9, auto=True)
 
 
 def _confirm_after(check: Checker, wd: dict[str, Any]) -> float | None:

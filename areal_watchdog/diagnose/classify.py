@@ -14,6 +14,7 @@ from typing import Any
 from areal_watchdog.common.rankset import ranks_phrase
 from areal_watchdog.diagnose.activity import describe
 from areal_watchdog.diagnose.collectives import analyse
+from areal_watchdog.diagnose.kinds import CATEGORIES, names
 from areal_watchdog.diagnose.record import record_finding
 from areal_watchdog.diagnose.rollout import RolloutFinding, rollout_finding
 from areal_watchdog.diagnose.rules import decide
@@ -67,15 +68,7 @@ def _from_finding(finding: RolloutFinding) -> Verdict:
     )
 
 
-HANG_CATEGORIES = (
-    "collective_mismatch",
-    "collective_stuck",
-    "cleanup_deadlock",
-    "straggler",
-    "dataloader_stall",
-    "p2p_mismatch",
-    "unknown",
-)
+HANG_CATEGORIES = names(CATEGORIES, stacks=True)  # what the collective record may overrule
 
 
 def _dumps(evidence: Evidence) -> dict[int, dict[str, Any]]:

@@ -205,17 +205,22 @@ def open_backend(kind: str, recording: str | None = None) -> GpuBackend:
 
 @dataclass
 class IdleTracker:
-    """Since when every GPU of the job on this node has been idle or spinning."""
+    """Since when every GPU of the job on this node has been idle or spinning, and when each
+    one last worked (a second look asks whether a rank's GPU worked since the first)."""
 
     idle_utilization: float = 10.0
     spin_power_fraction: float = 0.3
     quiet_since: float | None = None
     last: list[GpuSample] = field(default_factory=list)
+    worked_at: dict[int, float] = field(default_factory=dict)  # GPU index -> last working sample
 
     def update(self, samples: list[GpuSample], job_pids: set[int], now: float) -> None:
         mine = [s for s in samples if not job_pids or set(s.pids) & job_pids] or samples
         self.last = mine
         states = [self.state(s) for s in mine]
+        for sample, state in zip(mine, states, strict=True):
+            if state == "working":
+                self.worked_at[sample.index] = now
         if states and all(s != "working" for s in states):
             self.quiet_since = self.quiet_since or now
         else:
@@ -233,6 +238,7 @@ class IdleTracker:
 
     def _entry(self, sample: GpuSample) -> dict[str, Any]:
         entry = {**sample.to_dict(), "state": self.state(sample)}
+        entry["worked_at"] = self.worked_at.get(sample.index)
         entry.pop("pids")
         return entry
 

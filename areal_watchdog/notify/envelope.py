@@ -26,9 +26,15 @@ from areal_watchdog.config.sinks import secret_key
 ENVELOPE_SCHEMA = "areal-watchdog.incident.v1"
 
 
+def is_warning(report: dict[str, Any]) -> bool:
+    """Damage posted while the job goes on (``confirmation.warning``), not a hang."""
+    return bool((report.get("confirmation") or {}).get("warning"))
+
+
 def build_envelope(report: dict[str, Any]) -> dict[str, Any]:
     """The stable subset of a report that receivers consume."""
     event = "job.failed" if report["category"] == "rank_crashed" else "hang.detected"
+    event = "job.warning" if is_warning(report) else event
     trajectory = report.get("trajectory") or {}
     return {
         "schema": ENVELOPE_SCHEMA,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from areal_watchdog.common.rankset import format_ranks, worker_label
+from areal_watchdog.notify.envelope import is_warning
 
 MAX_BLOCKS = 50
 MAX_SECTION_CHARS = 3000
@@ -68,7 +69,8 @@ def _head_blocks(report: dict[str, Any], name: str) -> list[dict[str, Any]]:
     if workers:
         facts.append(("Culprit workers", "; ".join(workers)))
     fields = [{"type": "mrkdwn", "text": _clip(f"*{k}*\n{v}", 2000)} for k, v in facts[:10]]
-    header = _clip(f"{report['category']} in {name}", MAX_HEADER_CHARS)
+    warning = "Warning: " if is_warning(report) else ""
+    header = _clip(f"{warning}{report['category']} in {name}", MAX_HEADER_CHARS)
     return [
         {"type": "header", "text": {"type": "plain_text", "emoji": False, "text": header}},
         _section(f"*{report['summary']}*"),

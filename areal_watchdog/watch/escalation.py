@@ -1,19 +1,26 @@
 """How a silence escalates to ``on_hang``: suspected, confirmed, or ended by the hard limit.
 
-A silence is followed until a new step ends it, never forgotten after one look:
+A silence is followed until a new step ends it, never forgotten after one look. How a look's
+verdict escalates is declared with its kind (``diagnose.kinds``):
 
-- conclusive evidence confirms at the first look (a rank crashed, a node was lost, an
-  inference server refuses connections: nothing of those comes back);
-- a verdict the stacks can prove (a collective mismatch, a wedged or paused server, a retry
+- proof acts at the first look: a rank crashed, a node was lost, an inference server refuses
+  connections, or the Flight Recorder shows ranks that issued different operations at one
+  sequence number (a decisive mismatch): nothing of those comes back;
+- a verdict the stacks can prove (a mismatch of stacks alone, a wedged or paused server, a retry
   loop) is confirmed by a second look a few seconds later that finds nothing moved;
 - a wait on something outside the job whose end no evidence shows (an episode inside a tool,
-  ``workflow_stuck``) is only suspected: a slow tool and a dead one have the same stack, so time
-  decides;
+  ``workflow_stuck``), or ranks that all work in their own code with none waiting on another
+  (an unannounced evaluation or save), is only suspected: a slow phase and a dead one have the
+  same stack, so time decides, whatever moment a look runs;
+- damage (rewards silently falling back to 0) is posted once as a warning at the look that finds
+  it, and the job goes on; completions that are the damage itself (rewards scored 0 after a
+  timeout) are no movement;
 - a dismissed or suspected look is written to the run directory (``status`` shows it), not
   posted; the leader looks again at most once per stall threshold, and a later look may confirm;
 - the hard limit: no new step for ``watchdog.cancel_after`` seconds runs ``on_hang`` whatever
-  moved meanwhile: movement without steps for that long is a livelock or a retry loop. By
-  default ``CANCEL_AFTER_FACTOR`` times the threshold or the job's longest step interval so
+  moved meanwhile: movement without steps for that long is a livelock or a retry loop. It wins
+  over a second look due at the same poll, and a second look that ends past it is named for it.
+  By default ``CANCEL_AFTER_FACTOR`` times the threshold or the job's longest step interval so
   far, whichever is longer (the job's history: a job whose steps wait 25 s on a saturated server
   is not ended for it; nvidia-resiliency-ext learns its timeouts the same way).
 
@@ -28,23 +35,51 @@ from typing import Any
 
 from areal_watchdog.common.rankset import culprits_phrase
 from areal_watchdog.config.model import HangAction
+from areal_watchdog.diagnose.kinds import CATEGORIES, CAUSES, kind_of, names
 from areal_watchdog.diagnose.verdict import Verdict
 from areal_watchdog.evidence.model import Evidence
 from areal_watchdog.evidence.trigger import Trigger
 from areal_watchdog.watch.second_look import RETRY_LOOPS, marks, moved
 
 CANCEL_AFTER_FACTOR = 5.0  # the default hard limit, in stall thresholds or step intervals
-CONCLUSIVE_CATEGORIES = frozenset({"rank_crashed", "node_lost"})
-CONCLUSIVE_CAUSES = frozenset({"inference_unreachable"})
-TIME_DECIDES = frozenset({"workflow_stuck"})  # causes no stack tells from a slow phase
+# The least default hard limit under a learned threshold: a threshold of seconds starts looks,
+# but a silent phase that moves (an evaluation on the GPU, a checkpoint written) is ended only
+# after this long without a step.
+LEARNED_CANCEL_AFTER_MIN = 600.0
+CONCLUSIVE_CATEGORIES = names(CATEGORIES, proof=True)
+CONCLUSIVE_CAUSES = names(CAUSES, proof=True)
+TIME_DECIDES = names(CAUSES, time_decides=True)  # causes no stack tells from a slow phase
+SLOW_PHASE_KINDS = frozenset({"running", "blocked"})  # activities in the rank's own code
+DAMAGE = names(CAUSES, damage=True)  # causes whose completions are the damage, not movement
 
 
 def strength(verdict: Verdict) -> str:
     """``conclusive`` (act now), ``provable`` (a second look decides) or ``time`` (only the
     hard limit does)."""
-    if verdict.category in CONCLUSIVE_CATEGORIES or verdict.cause in CONCLUSIVE_CAUSES:
+    kind = kind_of(verdict.category, verdict.cause)
+    if kind.proof or proven_mismatch(verdict):
         return "conclusive"
-    return "time" if verdict.cause in TIME_DECIDES else "provable"
+    return "time" if kind.time_decides or kind.damage or slow_phase(verdict) else "provable"
+
+
+def slow_phase(verdict: Verdict) -> bool:
+    """No rank waits on another: every rank is in its own code (computing, sleeping, waiting on
+    its own GPU or disk), none in a collective, a receive or a rollout wait. Nothing proves a
+    hang there (a long unannounced evaluation or save looks the same), so time decides."""
+    kinds = {a.kind for a in verdict.activities.values()}
+    return verdict.category == "unknown" and bool(kinds) and kinds <= SLOW_PHASE_KINDS
+
+
+def proven_mismatch(verdict: Verdict) -> bool:
+    """A collective mismatch the Flight Recorder shows: ranks issued different operations (or
+    sizes) at one sequence number of one group, and it is no tie. No later collective of that
+    group can complete, so no second look is needed."""
+    if verdict.category != "collective_mismatch" or not verdict.collectives:
+        return False
+    return any(
+        g.get("kind") == "mismatch" and g.get("culprit_ranks") and not g.get("tie")
+        for g in verdict.collectives.get("groups") or []
+    )
 
 
 def verdict_key(verdict: Verdict) -> tuple[Any, ...]:
@@ -88,11 +123,13 @@ class Escalation:
 
     def cancel_after(self) -> float:
         """The hard limit in force: ``watchdog.cancel_after``, else a multiple of the threshold
-        or of the longest step interval seen, whichever is longer."""
+        or of the longest step interval seen, whichever is longer (``LEARNED_CANCEL_AFTER_MIN``
+        at the least under a learned threshold)."""
         configured = self.info.watchdog.cancel_after
         if configured is not None:
             return configured
-        return CANCEL_AFTER_FACTOR * max(self.clock.threshold, self.clock.max_interval)
+        limit = CANCEL_AFTER_FACTOR * max(self.clock.threshold, self.clock.max_interval)
+        return max(limit, LEARNED_CANCEL_AFTER_MIN) if self.clock.stall_timeout is None else limit
 
     def confirm_delay(self) -> float:
         """Seconds between the two looks: ``watchdog.confirm_after``, or by default half the
@@ -104,12 +141,13 @@ class Escalation:
 
     def judge(self, look: Look) -> None:
         """A first look at the silence: act, wait for a second look, or wait for time (each
-        counted from when the look began)."""
+        counted from when the look began); damage is posted as a warning first."""
         case = self.case
         case.looks += 1
         case.last = look
         kind, verdict = strength(look.verdict), look.verdict
         culprits = culprits_phrase(verdict.culprit_ranks, verdict.culprit_workers)
+        self.warn(look)
         delay = self.confirm_delay()
         if kind == "conclusive" or delay <= 0:
             self.conclude(look, "evidence" if kind == "conclusive" else "first_look", 0.0, [])
@@ -122,27 +160,48 @@ class Escalation:
                 "before cancelling"
             )
 
+    def warn(self, look: Look) -> None:
+        """Damage (the job goes on, silently wrong) is posted once per run and finding as a
+        warning: ``action: report``, never ended for it."""
+        verdict = look.verdict
+        if verdict.cause not in DAMAGE or verdict_key(verdict) in self.warned:
+            return
+        self.warned.add(verdict_key(verdict))
+        self.say(f"{verdict.cause}: the job goes on silently wrong; posting a warning")
+        confirmation = self.confirmation(self.case, 0.0, [], confirmed=False, by=None)
+        confirmation.update(posted=True, warning=True)
+        self.report(self.case.trigger, look, HangAction.REPORT, confirmation)
+        self.case.written = verdict_key(verdict)  # the warning is this finding's record
+
     def follow(self, statuses: dict, now: float) -> None:
-        """Each poll of the leader: the second look once due, another look once a threshold
-        passed, the hard limit; a new step ends the case (after its pending second look)."""
+        """Each poll of the leader: the hard limit first, then the second look once due, then
+        another look once a threshold passed; a new step ends the case (after its pending
+        second look)."""
         case = self.case
         if case is None or self.cancelling:
             return
-        if case.pending is not None and now >= case.due:
-            self.second_look(statuses, now)
-        elif self.clock.last_step != case.step:
-            if case.pending is None:  # the step ended the silence
-                self.case = None
-        elif self.clock.silent_for(now) >= self.cancel_after():
+        stepped = self.clock.last_step != case.step
+        if stepped and case.pending is None:  # the step ended the silence
+            self.case = None
+        elif not stepped and self.past_limit(now):
+            case.pending = None  # due together: the hard limit decides, and says so
             self.hard_limit(statuses, now)
-        elif case.pending is None and case.next_look is not None and now >= case.next_look:
+        elif case.pending is not None:
+            if now >= case.due:
+                self.second_look(statuses, now)
+        elif case.next_look is not None and now >= case.next_look:
             case.next_look = None
             self.say(f"still no new step: look {case.looks + 1} at the silence")
             self.judge(self.look(case.trigger, case.lost, statuses))
 
+    def past_limit(self, at: float) -> bool:
+        """No new step for the hard limit at ``at``."""
+        return self.clock.silent_for(at) >= self.cancel_after()
+
     def second_look(self, statuses: dict, now: float) -> None:
         """Cancel when nothing moved since the first look; else dismiss it (written, not
-        posted) and look again later."""
+        posted) and look again later. A look whose cause only time decides never ends the job:
+        the hard limit does, and a second look that began past it is named for it."""
         case = self.case
         first, case.pending = case.pending, None
         second = self.look(case.trigger, case.lost, statuses)
@@ -150,11 +209,17 @@ class Escalation:
         causes = {first.verdict.cause, second.verdict.cause}
         retrying = len(causes) == 1 and causes <= RETRY_LOOPS
         what = moved(marks(first.evidence, first.step), marks(second.evidence, second.step),
-                     steps_only=retrying)  # fmt: skip
+                     steps_only=retrying, damage=bool(causes & DAMAGE))  # fmt: skip
         after = second.at - first.at
+        self.warn(second)
         if what:
             self.say(f"second look: {'; '.join(what)}: not cancelling")
             self.suspect(first, what, now, "", after)
+        elif self.past_limit(second.at) and second.step == case.step:
+            self.conclude(second, "hard_limit", after, [])
+        elif strength(second.verdict) == "time":
+            culprits = culprits_phrase(second.verdict.culprit_ranks, second.verdict.culprit_workers)
+            self.suspect(second, [], now, f"{second.verdict.category} suspected ({culprits})")
         else:
             self.conclude(second, "second_look", after, [])
 
@@ -222,6 +287,8 @@ def summary_prefix(confirmation: dict[str, Any]) -> str:
             f"No new step for watchdog.cancel_after ({confirmation['cancel_after_s']:g} s): "
             f"a hang whatever moved meanwhile{moving}. "
         )
+    if confirmation.get("warning"):
+        return "Warning: the job goes on, but it is silently wrong (not cancelled). "
     if confirmation["confirmed"]:
         return ""
     if what:

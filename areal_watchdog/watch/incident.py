@@ -133,13 +133,14 @@ class Incidents(Escalation):
     written: list[Path] = field(default_factory=list)  # incidents
     suspected: list[Path] = field(default_factory=list)  # looks not confirmed: not posted
     pending: list[_Unwritten] = field(default_factory=list)  # incidents the disk refused
-    case: StallCase | None = None  # a silence that may end the job, followed until a step
+    case: StallCase | None = None  # a silence, followed until a step
+    warned: set[tuple] = field(default_factory=set)  # damage already posted as a warning
     cancelling: bool = False
 
     def open(self, trigger: Trigger, statuses: dict, lost: tuple[str, ...] = ()) -> None:
         """Gather, classify, write, notify and act on one event (once across all leaders). A
-        silence that may end the job (``on_hang: cancel`` or ``resume``) becomes a case that
-        ``escalation`` follows until a new step."""
+        silence becomes a case that ``escalation`` follows until a new step: it is posted (and
+        ``on_hang`` run) only once proven, confirmed or past the hard limit."""
         if self.case is not None:
             return  # the silence under follow is this one
         silence = trigger in SILENCES  # one report per silence
@@ -151,7 +152,7 @@ class Incidents(Escalation):
             self.say("no new step, but every rank ended cleanly: the job is finishing, not hung")
             return
         action = self.info.watchdog.on_hang if trigger in HANG_TRIGGERS else HangAction.REPORT
-        if not (silence and action.ends_job):
+        if not silence:
             self.report(trigger, look, action)
             return
         self.case = StallCase(trigger, look.step, lost, action)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import getpass
 import glob
+import math
 import os
 import pwd
 import re
 import stat as stat_module
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +34,10 @@ PHASE_TIME = re.compile(
     r"timeperf/(?P<phase>[\w/]+)\s*│\s*(?P<seconds>[-+]?[0-9.]+(?:[eE][-+]?\d+)?)"
 )
 LEARNED_FACTOR = 1.5  # a silence shorter than this many of the longest step seen is no stall
+WARMUP_INTERVALS = 3  # step intervals seen before the threshold follows their distribution
+WARMUP_MIN = 60.0  # the least threshold while warming up: first steps load, compile, warm caches
+QUANTILE = 0.99  # the step interval the threshold is a margin over
+INTERVALS_KEPT = 256  # the newest step intervals the quantile is taken over
 
 
 def find_progress(line: str, pattern: regex.Pattern[str]) -> tuple[int | None, int | None]:
@@ -244,17 +250,17 @@ def read_heartbeats(layout: RunLayout, run_id: str, node: str) -> HeartbeatState
 class StallClock:
     """Decide when the job stalled: no new step for the threshold, paused time excluded.
 
-    ``stall_timeout=None`` means ``auto``: ``auto_factor`` times the largest observed step
-    interval, never below ``auto_min_timeout`` (``startup_timeout`` until an interval is seen).
-    After the job's last step (``total``, when its step lines say it) the silence is its
-    teardown: a stall after ``teardown_timeout`` at the least (saving, closing the process
-    groups and servers outlast a step, and a resume would have nothing left to train).
+    ``stall_timeout=None`` means ``auto`` (the default): the threshold follows the job's own
+    step intervals (``learned_threshold``). After the job's last step (``total``, when its step
+    lines say it) the silence is its teardown: a stall after ``teardown_timeout`` at the least
+    (saving, closing the process groups and servers outlast a step, and a resume would have
+    nothing left to train).
     """
 
     stall_timeout: float | None
     startup_timeout: float
-    auto_factor: float = 5.0
-    auto_min_timeout: float = 60.0
+    auto_factor: float = 3.0
+    auto_min_timeout: float = 5.0
     teardown_timeout: float = 300.0
     total: int | None = None  # the job's last step, once a step line said it
     started_at: float = field(default_factory=time.time)
@@ -263,6 +269,7 @@ class StallClock:
     first_step_at: float | None = None
     max_interval: float = 0.0
     learned_step: float = 0.0  # the longest step the job's own timings report (StepPhases)
+    intervals: deque[float] = field(default_factory=lambda: deque(maxlen=INTERVALS_KEPT))
 
     def __post_init__(self) -> None:
         self.last_progress_at = self.started_at
@@ -275,6 +282,7 @@ class StallClock:
             self.first_step_at = now
         elif self.last_step is not None:
             self.max_interval = max(self.max_interval, now - self.last_progress_at)
+            self.intervals.append(now - self.last_progress_at)
         self.last_step = step
         self.last_progress_at = now
         return True
@@ -311,9 +319,15 @@ class StallClock:
         learned = LEARNED_FACTOR * self.learned_step
         if self.stall_timeout is not None:
             return max(self.stall_timeout, learned)
-        if self.max_interval <= 0 and not learned:
+        if not self.intervals and not learned:  # the first step may have included start-up
             return max(self.startup_timeout, self.auto_min_timeout)
-        return max(self.auto_min_timeout, self.auto_factor * self.max_interval, learned)
+        return max(learned_threshold(list(self.intervals), self.auto_factor,
+                                     self.auto_min_timeout), learned)  # fmt: skip
+
+    @property
+    def learned(self) -> bool:
+        """The threshold follows the job's own step intervals (``auto``, past the warm-up)."""
+        return self.stall_timeout is None and len(self.intervals) >= WARMUP_INTERVALS
 
     def silent_for(self, now: float) -> float:
         return now - self.last_progress_at
@@ -324,6 +338,18 @@ class StallClock:
     def crossed_at(self) -> float:
         """When the current silence crossed (or will cross) the threshold."""
         return self.last_progress_at + self.threshold
+
+
+def learned_threshold(intervals: list[float], margin: float, floor: float) -> float:
+    """``auto``: ``margin`` times the 99th percentile of the step intervals seen (the newest
+    ``INTERVALS_KEPT``), never below ``floor``. Until ``WARMUP_INTERVALS`` intervals are seen
+    the first steps (loading, compiling, warming caches) get ``WARMUP_MIN`` at the least, or 5
+    times the longest interval."""
+    if len(intervals) < WARMUP_INTERVALS:
+        return max(WARMUP_MIN, 5 * max(intervals, default=0.0))
+    ordered = sorted(intervals)
+    quantile = ordered[min(len(ordered), math.ceil(QUANTILE * len(ordered))) - 1]
+    return max(floor, margin * quantile)
 
 
 def default_log_patterns(layout: RunLayout, info: LaunchInfo, first_node: str = "*") -> list[str]:

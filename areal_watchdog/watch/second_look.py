@@ -14,18 +14,23 @@ the job, the leader looks again a few seconds later and compares:
 - asyncio tasks that ended by returning (episodes that completed); tasks that ended by
   exception are a retry loop against something dead, not movement;
 - work an inference server did: tokens generated or requests completed (vLLM's and SGLang's
-  counters), however full its queue.
+  counters), however full its queue;
+- a GPU that worked since the first look (utilisation above the idle level at a power above the
+  spin fraction, ``evidence.gpu``), matched to its ranks by process: a silent evaluation on the
+  GPU is busy, not hung. A NCCL wait spins at low power and is no movement.
 
 CPU time alone is no movement: a rank spinning forever burns it too. Nor is a moving stack when
 both looks name a retry loop (``workflow_failing``): there only a new step or completed work
-counts. Pure: compares plain data taken from two ``Evidence`` objects.
+counts. Nor are completed episodes when a look names damage (``reward_stuck``): those are the
+reward timeouts scoring 0. Pure: compares plain data taken from two ``Evidence`` objects.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from areal_watchdog.common.rankset import ranks_phrase
 from areal_watchdog.diagnose.activity import ROLLOUT_CALLS, work_thread
 from areal_watchdog.diagnose.frames import bare
 from areal_watchdog.evidence.model import BLOCKED, RUNNING, Evidence, RankEvidence
@@ -48,14 +53,26 @@ class ServerWork:
 
 
 @dataclass(frozen=True)
+class GpuWork:
+    """A rank's GPU at one look: which, its state and power, and when it last worked."""
+
+    index: int
+    state: str
+    power_w: float | None
+    worked_at: float | None
+
+
+@dataclass(frozen=True)
 class Marks:
     """What is compared between the two looks: per process (by pid), its working thread's
-    functions and the tasks that completed since the previous look; per server, its work."""
+    functions and the tasks that completed since the previous look; per server, its work; per
+    rank, its GPU."""
 
     step: int | None
     functions: dict[int, tuple[str, ...]]
     completed: dict[int, int]
     servers: dict[str, ServerWork]
+    gpus: dict[int, GpuWork] = field(default_factory=dict)  # rank -> its GPU
 
 
 def marks(evidence: Evidence, step: int | None) -> Marks:
@@ -66,18 +83,23 @@ def marks(evidence: Evidence, step: int | None) -> Marks:
         {p.pid: _functions(p) for p in live if p.pid},
         {p.pid: (p.tasks_ended or {}).get("ok", 0) for p in live if p.pid},
         {str(s["address"]): _work(s) for s in evidence.servers if s.get("address")},
+        {r.rank: _gpu(r.gpu) for r in evidence.ranks if r.gpu and r.state in (BLOCKED, RUNNING)},
     )
 
 
-def moved(first: Marks, second: Marks, *, steps_only: bool = False) -> list[str]:
+def moved(
+    first: Marks, second: Marks, *, steps_only: bool = False, damage: bool = False
+) -> list[str]:
     """What moved between the looks, for people; empty when nothing did. ``steps_only``: a
-    retry loop, where stacks that change are no movement."""
+    retry loop, where stacks that change are no movement; ``damage``: completed episodes are
+    the damage (rewards scored 0 after a timeout), no movement."""
     found = []
     if second.step is not None and second.step != first.step:
         found.append(f"a new step ({second.step})")
     found += busy_servers(first, second)
+    found += busy_gpus(first, second)
     done = sorted(pid for pid, count in second.completed.items() if count > 0)
-    if done:
+    if done and not damage:
         found.append(f"tasks of pid {', '.join(map(str, done[:5]))} completed")
     if steps_only:
         return found
@@ -110,6 +132,36 @@ def busy_servers(first: Marks, second: Marks) -> list[str]:
             f"{_count(now.running)}, queued {_count(now.queued)}): busy, not hung"
         )
     return found
+
+
+def busy_gpus(first: Marks, second: Marks) -> list[str]:
+    """Ranks whose GPU worked since the first look, one line per GPU: ``ranks 0-1 busy (GPU 0
+    working at 602 W, shared by ranks 0-1), not hung``."""
+    sharing: dict[int, list[int]] = {}
+    for rank, gpu in sorted(second.gpus.items()):
+        sharing.setdefault(gpu.index, []).append(rank)
+    found = []
+    for index, ranks in sorted(sharing.items()):
+        gpu = second.gpus[ranks[0]]
+        before = [first.gpus[r].worked_at for r in ranks if r in first.gpus]
+        since = max((w for w in before if w is not None), default=None)
+        if gpu.worked_at is None or (since is not None and gpu.worked_at <= since):
+            continue
+        power = f" at {gpu.power_w:.0f} W" if gpu.power_w is not None else ""
+        doing = "working" if gpu.state == "working" else f"worked since, {gpu.state} now"
+        shared = f", shared by {ranks_phrase(ranks)}" if len(ranks) > 1 else ""
+        found.append(f"{ranks_phrase(ranks)} busy (GPU {index} {doing}{power}{shared}), not hung")
+    return found
+
+
+def _gpu(entry: dict[str, Any]) -> GpuWork:
+    worked, power = entry.get("worked_at"), entry.get("power_w")
+    return GpuWork(
+        int(entry.get("index") or 0),
+        str(entry.get("state") or "unknown"),
+        float(power) if isinstance(power, (int, float)) else None,
+        float(worked) if isinstance(worked, (int, float)) else None,
+    )
 
 
 def _delta(before: float | None, after: float | None) -> float:

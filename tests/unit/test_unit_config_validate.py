@@ -45,7 +45,7 @@ def test_a_minimal_config_gets_the_documented_defaults(tmp_path: Path) -> None:
     assert (config.experiment_name, config.trial_name, config.n_nodes) == ("exp", "t1", 1)
     assert config.launch.nproc_per_node == 1 and config.launch.run_dir_mode == 0o700
     assert config.watchdog.on_hang is HangAction.REPORT
-    assert config.watchdog.stall_timeout == 600.0
+    assert config.watchdog.stall_timeout is None  # auto: learned from the step intervals
     assert config.watchdog.debug_env == DEFAULT_DEBUG_ENV
 
 

@@ -9,6 +9,7 @@ import copy
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,9 +146,15 @@ def test_a_crashed_rank_is_reported_posted_and_the_launcher_asked_to_cancel(
 
 
 def test_on_hang_report_writes_and_posts_but_never_cancels(tmp_path: Path, launcher_pipe) -> None:
+    """A silence is followed as under ``on_hang: cancel`` (posted once a second look confirms
+    it: a slow phase is never posted at its first look), and the job is left running."""
     d, lines = desk(tmp_path, recorded("collective_mismatch_w4_r2"), on_hang="report")
+    d.clock.hold(time.time())  # the silence began now: the hard limit is far
     d.open(Trigger.STALL, {})
+    assert reports(tmp_path) == [] and d.case is not None
+    d.follow({}, d.case.due)
     (report,) = reports(tmp_path)
+    assert report["confirmation"]["by"] == "second_look"
     assert report["category"] == "collective_mismatch" and report["culprit_ranks"] == [2]
     assert len(d.notifier.sent) == 1
     assert HangRequest.read(d.info.layout) is None and launcher_pipe() == []

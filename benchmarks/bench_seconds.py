@@ -1,0 +1,150 @@
+"""Seconds, not minutes, at the shipped defaults: from a hang's last step to the webhook that
+posts it, for every hang pattern of the torchrun demo, and no post at all for jobs that are
+healthy, slow for a phase, or silent while their GPU works.
+
+Each row is a real 4-rank gloo job (``examples/hang_demo``, 0.3 s steps) with the watchdog's
+shipped thresholds (``stall_timeout: auto``, ``poll_interval: 1``, confirmations and hard limit
+automatic) posting to a signed webhook on 127.0.0.1; "posted" is when the receiver got the
+report, "last step" the step line's own timestamp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from bench_watchdog import STEP_STAMP, launch  # noqa: E402
+
+from receiver import Receiver  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+H200 = REPO / "tests" / "data" / "gpu" / "h200" / "nvml_samples.jsonl"
+HANG_STEP = 10  # past the learned threshold's warm-up (3 step intervals)
+SHIPPED = [
+    "watchdog.stall_timeout=auto",
+    "watchdog.poll_interval=1",
+    "watchdog.startup_timeout=1800",
+    "watchdog.on_hang=cancel",
+    "+watchdog.notify=[{type: webhook, url_env: BENCH_HOOK_URL, secret_env: BENCH_HOOK_SECRET}]",
+    "launch.nproc_per_node=4",
+    f"demo.steps={HANG_STEP + 6}",
+]
+PATTERNS = (
+    "collective_mismatch",
+    "collective_stuck",
+    "cleanup_deadlock",
+    "straggler",
+    "dataloader_stall",
+    "p2p_mismatch",
+    "crash",
+    "quiet_exit",
+)
+Rows = list[tuple[str, ...]]
+
+
+def last_step_at(output: str) -> float | None:
+    """The timestamp of rank 0's last step line."""
+    stamps = [m.group(1) for m in STEP_STAMP.finditer(output)]
+    if not stamps:
+        return None
+    return datetime.strptime(stamps[-1], "%Y%m%d-%H:%M:%S.%f").timestamp()
+
+
+def run_one(root: Path, receiver: Receiver, trial: str, overrides: list[str]) -> dict:
+    """One job: what was posted, when, and how long after the last step."""
+    before = len(receiver.requests)
+    output, _ = launch(root, trial, [*SHIPPED, *overrides])
+    posted = receiver.requests[before:]
+    last = last_step_at(output)
+    first = posted[0].json() if posted else None
+    return {
+        "posts": len(posted),
+        "category": first["verdict"]["category"] if first else "-",
+        "culprits": first["verdict"]["culprit_ranks"] if first else [],
+        "seconds": posted[0].wall - last if posted and last else None,
+    }
+
+
+def gpu_recording(folder: Path) -> Path:
+    """The H200's samples under 4096 x 4096 matmuls (98-99 % at ~600 W), from the start: a
+    GPU at work for the whole job, matched to the ranks by index."""
+    frames = [json.loads(line) for line in H200.read_text().splitlines()]
+    busy = [f for f in frames if f["t"] >= 15.0]
+    path = folder / "gpu-working.jsonl"
+    path.write_text("".join(json.dumps({**f, "t": f["t"] - 15.0}) + "\n" for f in busy))
+    return path
+
+
+def run_seconds_benchmarks(quick: bool = False) -> Iterator[tuple[str, Rows, tuple[str, ...]]]:
+    receiver = Receiver("bench-secret")
+    os.environ["BENCH_HOOK_URL"], os.environ["BENCH_HOOK_SECRET"] = receiver.url(), "bench-secret"
+    repeats = 1 if quick else 3
+    with tempfile.TemporaryDirectory(prefix="areal-bench-seconds-") as tmp:
+        root = Path(tmp)
+        rows: Rows = []
+        every: list[float] = []
+        for pattern in PATTERNS:
+            seconds, seen = [], set()
+            for i in range(repeats):
+                hang = [f"demo.hang={pattern}", f"demo.hang_step={HANG_STEP}", "demo.hang_rank=2"]
+                result = run_one(root, receiver, f"{pattern}{i}", hang)
+                seen.add(f"{result['category']} {result['culprits']}")
+                if result["seconds"] is not None:
+                    seconds.append(result["seconds"])
+            every += seconds
+            rows.append(_latency_row(pattern, seconds, repeats, seen))
+        rows.append(_latency_row("all patterns", every, repeats * len(PATTERNS), set()))
+        header = ("hang", "posted", "median s", "max s", "verdict (culprits)")
+        yield (
+            "Last step to posted report, shipped defaults (target: max <= 15 s, median <= 10 s)",
+            rows,
+            header,
+        )
+
+        healthy = {
+            "healthy": ["demo.hang=none"],
+            "slow phase (all ranks 20 s in their own code)": [
+                "demo.hang=none",
+                f"demo.slow_step={HANG_STEP}",
+                "demo.slow_time=20",
+            ],  # fmt: skip
+            "silent GPU evaluation (20 s, H200 samples at ~600 W)": [
+                "demo.hang=none",
+                f"demo.slow_step={HANG_STEP}",
+                "demo.slow_time=20",
+                "+watchdog.gpu.backend=recorded",
+                f"+watchdog.gpu.recording={gpu_recording(root)}",
+            ],  # fmt: skip
+        }
+        quiet: Rows = []
+        for name, overrides in healthy.items():
+            posts = [
+                run_one(root, receiver, f"ok{len(quiet)}{i}", overrides) for i in range(repeats)
+            ]
+            quiet.append((name, f"{sum(p['posts'] for p in posts)} of {repeats} runs", "0"))
+        yield (
+            "False positives at the shipped defaults (posted reports)",
+            quiet,
+            ("job", "posted", "target"),
+        )
+    receiver.close()
+
+
+def _latency_row(name: str, seconds: list[float], runs: int, seen: set[str]) -> tuple[str, ...]:
+    if not seconds:
+        return (name, f"0 of {runs}", "-", "-", ", ".join(sorted(seen)))
+    return (
+        name,
+        f"{len(seconds)} of {runs}",
+        f"{statistics.median(seconds):.1f}",
+        f"{max(seconds):.1f}",
+        ", ".join(sorted(seen)),
+    )
