@@ -180,14 +180,33 @@ def _target(command: str, description: str, argv: list[str]) -> str:
 
 
 def cmd_status(argv: list[str], _watchdog: bool) -> int:
-    target = _target("status", "The job's state and what each node's sidecar saw.", argv)
-    kind, handle = resolve_target(target)
-    described = kind.describe(handle)
-    for line in described.lines:
-        print(line)
-    if described.run_dir is not None:
-        _show_run(described.run_dir, described.note)
-    return 0
+    parser = argparse.ArgumentParser(
+        prog="areal-launch status",
+        description="The job's state, slow or hung (with its own step times), and what each "
+        "node's sidecar saw.",
+    )
+    parser.add_argument(
+        "target", help="a run directory, a Slurm job id, or a handle: slurm://ID, local://RUN_DIR"
+    )
+    parser.add_argument(
+        "--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
+        help="show it again every SECONDS (2 by default) until interrupted",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.watch is not None and args.watch <= 0:
+        raise UserError(f"--watch takes a positive number of seconds, got {args.watch:g}")
+    kind, handle = resolve_target(args.target)
+    while True:
+        described = kind.describe(handle)
+        for line in described.lines:
+            print(line)
+        if described.run_dir is not None:
+            _show_run(described.run_dir, described.note)
+        if args.watch is None:
+            return 0
+        sys.stdout.flush()
+        time.sleep(args.watch)
+        print(f"\n-- {time.strftime('%H:%M:%S')} --")
 
 
 def _show_run(run_dir: Path, kind: str) -> None:

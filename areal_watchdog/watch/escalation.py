@@ -131,6 +131,21 @@ class Escalation:
         limit = CANCEL_AFTER_FACTOR * max(self.clock.threshold, self.clock.max_interval)
         return max(limit, LEARNED_CANCEL_AFTER_MIN) if self.clock.stall_timeout is None else limit
 
+    def open_look(self) -> tuple[str | None, str]:
+        """The look open at this silence, for ``status``: what it suspects, and what decides it
+        (``pending``: a second look; ``time``: the hard limit; ``moved``: it saw movement and
+        looks again a threshold later)."""
+        case = self.case
+        if case is None or case.last is None:
+            return None, ""
+        verdict = case.last.verdict
+        found = verdict.category + (f" ({verdict.cause})" if verdict.cause else "")
+        if case.pending is not None:
+            return f"look {case.looks} suspects {found}, a second look pending", "pending"
+        if strength(verdict) == "time":
+            return f"look {case.looks} suspects {found}", "time"
+        return f"look {case.looks} suspected {found}, but something moved; looking again", "moved"
+
     def confirm_delay(self) -> float:
         """Seconds between the two looks: ``watchdog.confirm_after``, or by default half the
         stall threshold, between 2 and 10 s."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import getpass
 import glob
-import math
 import os
 import pwd
 import re
@@ -25,6 +24,7 @@ from areal_watchdog.common.atomic import read_json
 from areal_watchdog.rundir.beats import beat_step
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.rundir.pace import interval_summary
 from areal_watchdog.rundir.secure import run_dir_owner
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
@@ -36,7 +36,6 @@ PHASE_TIME = re.compile(
 LEARNED_FACTOR = 1.5  # a silence shorter than this many of the longest step seen is no stall
 WARMUP_INTERVALS = 3  # step intervals seen before the threshold follows their distribution
 WARMUP_MIN = 60.0  # the least threshold while warming up: first steps load, compile, warm caches
-QUANTILE = 0.99  # the step interval the threshold is a margin over
 INTERVALS_KEPT = 256  # the newest step intervals the quantile is taken over
 
 
@@ -347,9 +346,7 @@ def learned_threshold(intervals: list[float], margin: float, floor: float) -> fl
     times the longest interval."""
     if len(intervals) < WARMUP_INTERVALS:
         return max(WARMUP_MIN, 5 * max(intervals, default=0.0))
-    ordered = sorted(intervals)
-    quantile = ordered[min(len(ordered), math.ceil(QUANTILE * len(ordered))) - 1]
-    return max(floor, margin * quantile)
+    return max(floor, margin * float(interval_summary(intervals)["p99"] or 0.0))
 
 
 def default_log_patterns(layout: RunLayout, info: LaunchInfo, first_node: str = "*") -> list[str]:

@@ -32,6 +32,7 @@ from areal_watchdog.evidence.gpu import GpuBackend, IdleTracker, NoGpu, open_bac
 from areal_watchdog.notify.notifier import Notifier
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_RAYLET
+from areal_watchdog.rundir.pace import Pace, interval_summary
 from areal_watchdog.rundir.secure import run_dir_owner
 from areal_watchdog.watch.coordination import Coordinator
 from areal_watchdog.watch.incident import Incidents, local_evidence
@@ -253,6 +254,7 @@ class Sidecar(JobEnd, Leader, ProgressWatch):
         """Our status: when due, or at once when what peers act on changed."""
         status = self.status(state)
         news = {k: status[k] for k in ("state", "ranks_gone", "last_incident")}
+        news["look"] = status["pace"]["look"]  # a look opened or decided: status says it now
         try:
             if self.coordinator.publish(status, force=news != self.published):
                 self.published = news
@@ -275,8 +277,20 @@ class Sidecar(JobEnd, Leader, ProgressWatch):
             "gpu_quiet_since": self.watch.gpus.quiet_since,
             "job_id": self.job_id,
             "last_incident": str(written[-1]) if written else None,
+            "pace": self.pace().to_dict(),
             **self.watch.summary(),
         }
+
+    def pace(self) -> Pace:
+        """The job's pace for ``status`` ("slow or hung?"): the clock, the GPUs, the open look."""
+        clock, gpus = self.clock, self.watch.gpus
+        look, look_state = self.incidents.open_look()
+        return Pace(
+            clock.last_step, clock.last_progress_at, clock.threshold, clock.learned,
+            **interval_summary(list(clock.intervals)), gpus=len(gpus.last),
+            gpus_working=sum(gpus.state(g) == "working" for g in gpus.last),
+            look=look, look_state=look_state, hard_limit=self.incidents.cancel_after(),
+        )  # fmt: skip
 
     def answer_request(self) -> None:
         """Send this node's evidence for a request we have not answered yet."""

@@ -12,12 +12,14 @@ from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.rankset import format_ranks
 from areal_watchdog.launch.slurm.jobs import node_statuses
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.rundir.pace import Pace, answer
 
 
 def status_lines(run_dir: Path, now: float) -> list[str]:
     """One line per node, then one per recent report (the newest four, incidents and the
     suspected looks nobody was paged for, by time)."""
-    lines = [_node_line(status, now) for status in node_statuses(run_dir)]
+    statuses = node_statuses(run_dir)
+    lines = [*_pace_lines(statuses, now), *(_node_line(status, now) for status in statuses)]
     layout = RunLayout(run_dir)
     reports = [
         *layout.incidents_dir.glob("*/report.json"),
@@ -47,6 +49,18 @@ def _decided(confirmation: object) -> str:
     by = {"second_look": "a second look", "hard_limit": "the hard limit",
           "evidence": "conclusive evidence"}.get(str(confirmation.get("by")))  # fmt: skip
     return f" (confirmed by {by})" if by else ""
+
+
+def _pace_lines(statuses: list[dict[str, Any]], now: float) -> list[str]:
+    """ "Slow or hung?" in one line, then its numbers, from the leader's status (while the job
+    runs: an ended job has its answer in its exit and reports)."""
+    leader = next((s for s in statuses if s.get("leader") == s.get("node")), None)
+    pace = Pace.from_dict(leader.get("pace")) if leader else None
+    if pace is None or leader.get("state") != "watching":
+        return []
+    line, rows = answer(pace, now)
+    width = max(len(name) for name, _ in rows)
+    return [line, *(f"  {name.ljust(width)}  {value}" for name, value in rows)]
 
 
 def _node_line(status: dict[str, Any], now: float) -> str:
