@@ -124,8 +124,12 @@ def _greedy(
         raise UserError(f"--generate: no weights of version {version} here: pass --weights DIR")
     gconfig = raw.get("gconfig") if isinstance(raw.get("gconfig"), dict) else {}
     tokens = args.tokens or int(gconfig.get("max_new_tokens") or 16)
-    print(f"[areal-launch] greedy: {args.generate} prompts x {tokens} tokens", file=sys.stderr)
-    return compare(recompute, weights, args.server, dumped_prompts(groups, args.generate), tokens)
+    prompts = dumped_prompts(groups, args.generate)
+    fewer = f" (of {args.generate} asked: all step {step} holds)"
+    fewer = "" if len(prompts) == args.generate else fewer
+    print(f"[areal-launch] greedy: {len(prompts)} distinct prompts{fewer} x {tokens} tokens",
+          file=sys.stderr)  # fmt: skip
+    return compare(recompute, weights, args.server, prompts, tokens)
 
 
 def _greedy_lines(pairs: list[GreedyPair], server: str, decode) -> list[str]:

@@ -41,13 +41,18 @@ class GreedyPair:
 
 
 def dumped_prompts(groups: list[dict[str, Any]], count: int) -> list[list[int]]:
-    """The prompt of the first sample of the first ``count`` groups: the tokens before the
-    first trained one."""
-    prompts = []
-    for group in groups[:count]:
+    """The first ``count`` distinct prompts of the step (the tokens before the first trained
+    one of each group's first sample): a batch may hold one prompt in several groups, and a
+    prompt compared twice says nothing new. Fewer when the step holds fewer."""
+    prompts: list[list[int]] = []
+    for group in groups:
         row = group_rows(group)[0]
         mask = row["loss_mask"]
-        prompts.append(row["input_ids"][: mask.index(1) if 1 in mask else len(mask)])
+        prompt = row["input_ids"][: mask.index(1) if 1 in mask else len(mask)]
+        if prompt not in prompts:
+            prompts.append(prompt)
+        if len(prompts) == count:
+            break
     return prompts
 
 

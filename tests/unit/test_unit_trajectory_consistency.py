@@ -8,7 +8,10 @@ import getpass
 import math
 from pathlib import Path
 
+import torch
+
 from areal_watchdog.trajectory.consistency import SequenceTokens, compare_step, histogram
+from areal_watchdog.trajectory.greedy import dumped_prompts
 from areal_watchdog.trajectory.recompute import weights_of
 
 
@@ -90,3 +93,17 @@ def test_the_recover_checkpoint_holds_the_version_after_its_step(tmp_path: Path)
     (checkpoint / ".metadata").write_bytes(b"")
     find = weights_of(raw, None)
     assert find(5) == checkpoint and find(4) is None and find(0) == Path("/models/base")
+
+
+def test_greedy_compares_distinct_prompts_and_no_more_than_the_step_holds() -> None:
+    """A batch of 4 groups that holds 2 prompts (each in two groups): ``--generate 4`` compares
+    the 2 distinct prompts, once each (it printed "4 prompts" and compared 2, then repeats)."""
+
+    def group(prompt: list[int]) -> dict[str, torch.Tensor]:
+        ids = torch.tensor([[*prompt, 9, 9]], dtype=torch.int32)
+        mask = torch.tensor([[0] * len(prompt) + [1, 1]], dtype=torch.int32)
+        return {"input_ids": ids, "loss_mask": mask, "logprobs": torch.zeros(ids.shape)}
+
+    batch = [group([1, 2]), group([1, 2]), group([3, 4, 5]), group([3, 4, 5])]
+    assert dumped_prompts(batch, 4) == [[1, 2], [3, 4, 5]]
+    assert dumped_prompts(batch, 1) == [[1, 2]]
