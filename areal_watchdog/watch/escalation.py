@@ -9,8 +9,8 @@ verdict escalates is declared with its kind (``diagnose.kinds``):
 - a verdict the stacks can prove (a mismatch of stacks alone, a wedged or paused server, a retry
   loop) is confirmed by a second look a few seconds later that finds nothing moved;
 - a wait on something outside the job whose end no evidence shows (an episode inside a tool,
-  ``workflow_stuck``), or ranks that all work in their own code with none waiting on another
-  (an unannounced evaluation or save), is only suspected: a slow phase and a dead one have the
+  ``workflow_stuck``), or ranks that all idle in their own code with none waiting on another
+  (an unannounced save), is only suspected: a slow phase and a dead one have the
   same stack, so time decides, whatever moment a look runs;
 - damage (rewards silently falling back to 0) is posted once as a warning at the look that finds
   it, and the job goes on; completions that are the damage itself (rewards scored 0 after a
@@ -49,7 +49,7 @@ LEARNED_CANCEL_AFTER_MIN = 600.0
 CONCLUSIVE_CATEGORIES = names(CATEGORIES, proof=True)
 CONCLUSIVE_CAUSES = names(CAUSES, proof=True)
 TIME_DECIDES = names(CAUSES, time_decides=True)  # causes no stack tells from a slow phase
-SLOW_PHASE_KINDS = frozenset({"running", "blocked"})  # activities in the rank's own code
+SLOW_PHASE_KINDS = frozenset({"blocked"})  # in the rank's own code, burning no CPU
 DAMAGE = names(CAUSES, damage=True)  # causes whose completions are the damage, not movement
 
 
@@ -63,9 +63,11 @@ def strength(verdict: Verdict) -> str:
 
 
 def slow_phase(verdict: Verdict) -> bool:
-    """No rank waits on another: every rank is in its own code (computing, sleeping, waiting on
-    its own GPU or disk), none in a collective, a receive or a rollout wait. Nothing proves a
-    hang there (a long unannounced evaluation or save looks the same), so time decides."""
+    """No rank waits on another: every rank is idle in its own code (asleep, or waiting on its
+    disk), none in a collective, a receive or a rollout wait, none spinning. Nothing proves a
+    hang there (an unannounced checkpoint save looks the same), so time decides. Ranks that
+    spin in their own code stay provable: a second look ends a livelock unless their stacks
+    or GPUs moved."""
     kinds = {a.kind for a in verdict.activities.values()}
     return verdict.category == "unknown" and bool(kinds) and kinds <= SLOW_PHASE_KINDS
 
