@@ -171,3 +171,29 @@ def test_the_guardian_ends_only_this_run_s_cluster_and_processes(tmp_path: Path)
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_a_jobs_api_that_refuses_the_client_at_first_is_asked_again(monkeypatch) -> None:
+    """CI: the head's dashboard answered, then refused the client under load; the launcher's
+    submit waits for it, ``status`` and ``cancel`` (patience 0) say so at once."""
+    import ray.job_submission
+
+    from areal_watchdog.common.errors import UserError
+    from areal_watchdog.launch.ray import jobs
+
+    tries: list[str] = []
+
+    class Client:
+        def __init__(self, address: str) -> None:
+            tries.append(address)
+            if len(tries) < 3:
+                raise ConnectionError(f"Failed to connect to Ray at address: {address}.")
+
+    monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", Client)
+    monkeypatch.setattr(jobs.time, "sleep", lambda _s: None)
+    assert isinstance(jobs.RayJobs("http://127.0.0.1:1", patience=30).client, Client)
+    assert len(tries) == 3
+    tries.clear()
+    with pytest.raises(UserError, match="cannot reach Ray's Jobs API at http://127.0.0.1:1"):
+        jobs.RayJobs("http://127.0.0.1:1")
+    assert len(tries) == 1

@@ -4,6 +4,7 @@ Every failure to reach the API is one line naming the address and what to check.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from areal_watchdog.common.errors import UserError
@@ -12,22 +13,33 @@ ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
 STOP_CODES = {"SUCCEEDED": 0, "STOPPED": -15}  # anything else ended badly: 1
 
 
+CONNECT_PATIENCE_S = 30.0  # how long a Jobs API that refuses the client is asked again
+
+
 class RayJobs:
     """One cluster's Jobs API (its dashboard's URL)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, patience: float = 0.0) -> None:
+        """Connect, asking again for ``patience`` seconds (the launcher's submit): a head busy
+        starting (CI: its dashboard answered once, then refused the client) is waited for, not
+        failed. ``status`` and ``cancel`` ask once: a cluster that is gone is said at once."""
         self.address = address
         try:
             from ray.job_submission import JobSubmissionClient
-
-            self.client = JobSubmissionClient(address)
         except ImportError as exc:
             raise UserError(f"the ray backend needs Ray installed here: {exc}") from None
-        except Exception as exc:  # noqa: BLE001 - Ray raises bare ConnectionError, RuntimeError
-            raise UserError(
-                f"cannot reach Ray's Jobs API at {address} ({type(exc).__name__}: {exc}); is the "
-                "dashboard up (ray start --head --include-dashboard true)?"
-            ) from None
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                self.client = JobSubmissionClient(address)
+                return
+            except Exception as exc:  # noqa: BLE001 - Ray raises bare ConnectionError, RuntimeError
+                if time.monotonic() >= deadline:
+                    raise UserError(
+                        f"cannot reach Ray's Jobs API at {address} ({type(exc).__name__}: {exc}); "
+                        "is the dashboard up (ray start --head --include-dashboard true)?"
+                    ) from None
+                time.sleep(1.0)
 
     def submit(self, entrypoint: str, submission_id: str, env: dict[str, str]) -> str:
         try:

@@ -24,7 +24,7 @@ from areal_watchdog.launch.local import SIDECAR_FINISH_GRACE, cancel_verdict
 from areal_watchdog.launch.plan import LaunchPlan
 from areal_watchdog.launch.processes import Interrupts
 from areal_watchdog.launch.ray.guardian import start_guardian
-from areal_watchdog.launch.ray.jobs import ENDED, RayJobs, job_returncode
+from areal_watchdog.launch.ray.jobs import CONNECT_PATIENCE_S, ENDED, RayJobs, job_returncode
 from areal_watchdog.launch.ray.submission import RaySubmission
 from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.launch_info import LaunchInfo
@@ -62,7 +62,7 @@ class RayRun:
                 raylets = self.sub.cluster.start(self.sub.python, self.layout.logs_dir, self.say)
                 groups = {"run_id": self.plan.run_id, "groups": raylets.groups}
                 write_json_atomic(self.layout.ray_cluster_file, groups)
-            jobs = RayJobs(self.sub.address)
+            jobs = RayJobs(self.sub.address, patience=CONNECT_PATIENCE_S)
             job = self.plan.main()
             entrypoint = f"cd {shlex.quote(job.cwd or os.getcwd())} && {shlex.join(job.argv)}"
             jobs.submit(entrypoint, self.sub.submission_id, job.env)
