@@ -38,9 +38,19 @@ class Pace:
             return None
         known = {f.name for f in fields(cls)}
         try:
-            return cls(**{k: v for k, v in data.items() if k in known})
+            pace = cls(**{k: v for k, v in data.items() if k in known})
         except TypeError:
             return None
+        numbers = (pace.since, pace.threshold, pace.gpus, pace.gpus_working, pace.intervals)
+        maybe = (pace.step, pace.median, pace.p99, pace.longest, pace.hard_limit)
+        texts = (pace.look, pace.look_state)
+        if not all(map(_number, numbers)) or not all(v is None or _number(v) for v in maybe):
+            return None  # a hand-edited or forged status: no answer, never a traceback
+        return pace if all(v is None or isinstance(v, str) for v in texts) else None
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def interval_summary(intervals: list[float]) -> dict[str, float | int | None]:

@@ -46,3 +46,7 @@ def test_before_the_first_step_it_is_starting_and_a_damaged_record_is_none() -> 
     line, _ = answer(Pace(None, 0.0, 1800.0, False), now=42.0)
     assert line == "starting: no step yet after 42 s (start-up limit 1800 s)"
     assert Pace.from_dict("garbage") is None and Pace.from_dict({"step": 1}) is None
+    forged = {**pace().to_dict(), "threshold": "600; rm -rf"}  # a hand-edited status: no traceback
+    assert Pace.from_dict(forged) is None
+    assert Pace.from_dict({**pace().to_dict(), "step": True}) is None
+    assert Pace.from_dict(pace().to_dict()) == pace()
