@@ -9,6 +9,7 @@ import pytest
 import regex
 
 from areal_watchdog.config.model import DEFAULT_STEP_REGEX
+from areal_watchdog.rundir.pace import interval_summary
 from areal_watchdog.watch.progress import (
     GLOB_EVERY,
     StallClock,
@@ -101,7 +102,7 @@ def test_a_learned_threshold_follows_slow_steps_and_ignores_one_outlier() -> Non
         now += 200.0 if step == 250 else 40.0 + (step % 7)
         clock.step(step, now=now)
     assert clock.threshold == 3 * 46.0
-    assert learned_threshold([40.0] * 100, 3.0, 5.0) == 120.0
+    assert learned_threshold(interval_summary([40.0] * 100), 3.0, 5.0) == 120.0
 
 
 def test_an_explicit_stall_timeout_wins_over_the_learned_one() -> None:

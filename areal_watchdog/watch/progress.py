@@ -269,6 +269,7 @@ class StallClock:
     max_interval: float = 0.0
     learned_step: float = 0.0  # the longest step the job's own timings report (StepPhases)
     intervals: deque[float] = field(default_factory=lambda: deque(maxlen=INTERVALS_KEPT))
+    stats: dict[str, float | int | None] = field(default_factory=lambda: interval_summary([]))
 
     def __post_init__(self) -> None:
         self.last_progress_at = self.started_at
@@ -282,6 +283,7 @@ class StallClock:
         elif self.last_step is not None:
             self.max_interval = max(self.max_interval, now - self.last_progress_at)
             self.intervals.append(now - self.last_progress_at)
+            self.stats = interval_summary(list(self.intervals))  # once a step, not once a read
         self.last_step = step
         self.last_progress_at = now
         return True
@@ -320,8 +322,7 @@ class StallClock:
             return max(self.stall_timeout, learned)
         if not self.intervals and not learned:  # the first step may have included start-up
             return max(self.startup_timeout, self.auto_min_timeout)
-        return max(learned_threshold(list(self.intervals), self.auto_factor,
-                                     self.auto_min_timeout), learned)  # fmt: skip
+        return max(learned_threshold(self.stats, self.auto_factor, self.auto_min_timeout), learned)
 
     @property
     def learned(self) -> bool:
@@ -339,14 +340,14 @@ class StallClock:
         return self.last_progress_at + self.threshold
 
 
-def learned_threshold(intervals: list[float], margin: float, floor: float) -> float:
+def learned_threshold(stats: dict[str, float | int | None], margin: float, floor: float) -> float:
     """``auto``: ``margin`` times the 99th percentile of the step intervals seen (the newest
-    ``INTERVALS_KEPT``), never below ``floor``. Until ``WARMUP_INTERVALS`` intervals are seen
-    the first steps (loading, compiling, warming caches) get ``WARMUP_MIN`` at the least, or 5
-    times the longest interval."""
-    if len(intervals) < WARMUP_INTERVALS:
-        return max(WARMUP_MIN, 5 * max(intervals, default=0.0))
-    return max(floor, margin * float(interval_summary(intervals)["p99"] or 0.0))
+    ``INTERVALS_KEPT``, summarised by ``interval_summary``), never below ``floor``. Until
+    ``WARMUP_INTERVALS`` intervals are seen the first steps (loading, compiling, warming
+    caches) get ``WARMUP_MIN`` at the least, or 5 times the longest interval."""
+    if int(stats["intervals"] or 0) < WARMUP_INTERVALS:
+        return max(WARMUP_MIN, 5 * float(stats["longest"] or 0.0))
+    return max(floor, margin * float(stats["p99"] or 0.0))
 
 
 def default_log_patterns(layout: RunLayout, info: LaunchInfo, first_node: str = "*") -> list[str]:

@@ -32,7 +32,7 @@ from areal_watchdog.evidence.gpu import GpuBackend, IdleTracker, NoGpu, open_bac
 from areal_watchdog.notify.notifier import Notifier
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_RAYLET
-from areal_watchdog.rundir.pace import Pace, interval_summary
+from areal_watchdog.rundir.pace import Pace
 from areal_watchdog.rundir.secure import run_dir_owner
 from areal_watchdog.watch.coordination import Coordinator
 from areal_watchdog.watch.incident import Incidents, local_evidence
@@ -287,7 +287,7 @@ class Sidecar(JobEnd, Leader, ProgressWatch):
         look, look_state = self.incidents.open_look()
         return Pace(
             clock.last_step, clock.last_progress_at, clock.threshold, clock.learned,
-            **interval_summary(list(clock.intervals)), gpus=len(gpus.last),
+            **clock.stats, gpus=len(gpus.last),
             gpus_working=sum(gpus.state(g) == "working" for g in gpus.last),
             look=look, look_state=look_state, hard_limit=self.incidents.cancel_after(),
         )  # fmt: skip
