@@ -197,3 +197,76 @@ def test_a_jobs_api_that_refuses_the_client_at_first_is_asked_again(monkeypatch)
     with pytest.raises(UserError, match="cannot reach Ray's Jobs API at http://127.0.0.1:1"):
         jobs.RayJobs("http://127.0.0.1:1")
     assert len(tries) == 1
+
+
+class NotReadyHead:
+    """A stand-in for Ray's dashboard on loopback: its version, and a job submit refused
+    ``refusals`` times the way a head without a job agent yet refuses it (HTTP 500)."""
+
+    def __init__(self, refusals: int, text: str) -> None:
+        import http.server
+        import threading
+
+        self.posts: list[dict] = []
+        head = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *_args) -> None:
+                pass
+
+            def answer(self, code: int, body: str) -> None:
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+            def do_GET(self) -> None:
+                self.answer(200, json.dumps({"version": "4", "ray_version": "2.60.0"}))
+
+            def do_POST(self) -> None:
+                length = int(self.headers["Content-Length"])
+                head.posts.append(json.loads(self.rfile.read(length)))
+                if len(head.posts) <= refusals:
+                    self.answer(500, text)
+                else:
+                    sid = head.posts[-1]["submission_id"]
+                    self.answer(200, json.dumps({"submission_id": sid, "job_id": None}))
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_head_whose_job_agent_is_not_up_yet_is_asked_again(monkeypatch) -> None:
+    """CI: Ray answered the submit with 500 "No available agent to submit job, please try again
+    later." on a loaded machine. The launcher sends the same submission again (none was taken);
+    any other refusal, or one past the patience, is one line at once."""
+    from areal_watchdog.launch.ray import jobs
+
+    monkeypatch.setattr(jobs.time, "sleep", lambda _s: None)
+    not_ready = "No available agent to submit job, please try again later."
+    head = NotReadyHead(refusals=2, text=not_ready)
+    try:
+        api = jobs.RayJobs(head.address)
+        assert api.submit("python train.py", "run-7", {"A": "1"}, patience=90) == "run-7"
+        assert [post["submission_id"] for post in head.posts] == ["run-7"] * 3
+    finally:
+        head.close()
+    head = NotReadyHead(refusals=5, text=not_ready)
+    try:
+        with pytest.raises(UserError, match=r"^Ray refused the job at http://127\.0\.0\.1:\d+: .*"):
+            jobs.RayJobs(head.address).submit("python train.py", "run-8", {}, patience=0)
+        assert len(head.posts) == 1
+    finally:
+        head.close()
+    head = NotReadyHead(refusals=5, text="Job with submission_id run-9 already exists.")
+    try:
+        with pytest.raises(UserError, match="already exists"):
+            jobs.RayJobs(head.address).submit("python train.py", "run-9", {}, patience=90)
+        assert len(head.posts) == 1
+    finally:
+        head.close()

@@ -14,6 +14,8 @@ STOP_CODES = {"SUCCEEDED": 0, "STOPPED": -15}  # anything else ended badly: 1
 
 
 CONNECT_PATIENCE_S = 30.0  # how long a Jobs API that refuses the client is asked again
+SUBMIT_PATIENCE_S = 90.0  # how long a head whose job agent is not up yet is asked again
+NOT_READY = "try again later"  # Ray's answer when no job agent took the job (none submitted)
 
 
 class RayJobs:
@@ -41,14 +43,23 @@ class RayJobs:
                     ) from None
                 time.sleep(1.0)
 
-    def submit(self, entrypoint: str, submission_id: str, env: dict[str, str]) -> str:
-        try:
-            return self.client.submit_job(
-                entrypoint=entrypoint, submission_id=submission_id,
-                runtime_env={"env_vars": env},
-            )  # fmt: skip
-        except Exception as exc:  # noqa: BLE001
-            raise UserError(f"Ray refused the job at {self.address}: {exc}") from None
+    def submit(
+        self, entrypoint: str, submission_id: str, env: dict[str, str], patience: float = 0.0
+    ) -> str:
+        """Submit, asking again for ``patience`` seconds while the head says its job agent is
+        not ready ("No available agent ... try again later", seen in CI on a loaded machine):
+        the job was not taken then, so the same submission id is safe to send again."""
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                return self.client.submit_job(
+                    entrypoint=entrypoint, submission_id=submission_id,
+                    runtime_env={"env_vars": env},
+                )  # fmt: skip
+            except Exception as exc:  # noqa: BLE001
+                if NOT_READY not in str(exc) or time.monotonic() >= deadline:
+                    raise UserError(f"Ray refused the job at {self.address}: {exc}") from None
+                time.sleep(2.0)
 
     def status(self, submission_id: str) -> str:
         """``PENDING``, ``RUNNING``, ``SUCCEEDED``, ``FAILED`` or ``STOPPED``; ``UNKNOWN`` while

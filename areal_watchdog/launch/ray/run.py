@@ -24,7 +24,13 @@ from areal_watchdog.launch.local import SIDECAR_FINISH_GRACE, cancel_verdict
 from areal_watchdog.launch.plan import LaunchPlan
 from areal_watchdog.launch.processes import Interrupts
 from areal_watchdog.launch.ray.guardian import start_guardian
-from areal_watchdog.launch.ray.jobs import CONNECT_PATIENCE_S, ENDED, RayJobs, job_returncode
+from areal_watchdog.launch.ray.jobs import (
+    CONNECT_PATIENCE_S,
+    ENDED,
+    SUBMIT_PATIENCE_S,
+    RayJobs,
+    job_returncode,
+)
 from areal_watchdog.launch.ray.submission import RaySubmission
 from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.launch_info import LaunchInfo
@@ -65,7 +71,7 @@ class RayRun:
             jobs = RayJobs(self.sub.address, patience=CONNECT_PATIENCE_S)
             job = self.plan.main()
             entrypoint = f"cd {shlex.quote(job.cwd or os.getcwd())} && {shlex.join(job.argv)}"
-            jobs.submit(entrypoint, self.sub.submission_id, job.env)
+            jobs.submit(entrypoint, self.sub.submission_id, job.env, SUBMIT_PATIENCE_S)
             self.say(f"Ray job {self.sub.submission_id} submitted to {self.sub.address}")
             state = self.follow(jobs, interrupts)
             returncode = job_returncode(state, jobs.info(self.sub.submission_id))
