@@ -6,15 +6,23 @@ Each row is a real 4-rank gloo job (``examples/hang_demo``, 0.3 s steps) with th
 shipped thresholds (``stall_timeout: auto``, ``poll_interval: 1``, confirmations and hard limit
 automatic) posting to a signed webhook on 127.0.0.1; "posted" is when the receiver got the
 report, "last step" the step line's own timestamp.
+
+A node kill is timed on the real ``Coordinator`` at the shipped ``node_timeout`` and
+``poll_interval``: 16 nodes publishing from threads, the leader polling, nodes killed one by one
+at random moments of their status period (a real run's report follows its naming in 0.2 s: the
+Ray test's ``gather_s``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from bench_watchdog import STEP_STAMP, launch  # noqa: E402
 
+from areal_watchdog.config.model import WatchdogSection  # noqa: E402
+from areal_watchdog.rundir.layout import RunLayout  # noqa: E402
+from areal_watchdog.watch.coordination import Coordinator  # noqa: E402
 from receiver import Receiver  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -135,7 +146,49 @@ def run_seconds_benchmarks(quick: bool = False) -> Iterator[tuple[str, Rows, tup
             quiet,
             ("job", "posted", "target"),
         )
+        kills = 4 if quick else 12
+        named = node_kill_seconds(root / "kills", kills)
+        yield (
+            "Node killed to named lost, shipped node_timeout and poll_interval (target <= 15 s)",
+            [_latency_row(f"{kills} nodes killed", named, kills, set())[:4]],
+            ("event", "named", "median s", "max s"),
+        )
     receiver.close()
+
+
+def node_kill_seconds(folder: Path, kills: int, nodes: int = 16) -> list[float]:
+    """Seconds from each node's kill to the leader naming it lost."""
+    wd = WatchdogSection()
+    layout = RunLayout(folder / "run")
+    layout.watch_dir.mkdir(parents=True)
+    layout.launch_file.write_text("{}")
+    names = [f"node{i:02d}" for i in range(nodes)]
+    fleet = [Coordinator(layout, "r1", n, list(names), wd.node_timeout) for n in names]
+    killed: dict[str, float] = {}
+    stop = threading.Event()
+
+    def publish(node: Coordinator) -> None:  # a sidecar's status, until its node is killed
+        while not stop.is_set() and node.node not in killed:
+            node.publish({"state": "watching"})
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=publish, args=(c,), daemon=True) for c in fleet[1:]]
+    for thread in threads:
+        thread.start()
+    leader, named, rng = fleet[0], {}, random.Random(7)
+    victims = iter(names[1 : kills + 1])
+    next_kill = time.monotonic() + wd.node_timeout
+    while len(named) < kills:
+        now = time.monotonic()
+        if now >= next_kill and (victim := next(victims, None)):
+            killed[victim] = now
+            next_kill = now + rng.uniform(0.5, 2.0) * leader.interval
+        leader.refresh()
+        for node in leader.lost_nodes(finished=set()):
+            named.setdefault(node, time.monotonic() - killed.get(node, now))
+        time.sleep(wd.poll_interval)
+    stop.set()
+    return [named[n] for n in killed]
 
 
 def _latency_row(name: str, seconds: list[float], runs: int, seen: set[str]) -> tuple[str, ...]:

@@ -105,6 +105,30 @@ def test_the_leaders_look_is_spread_over_its_polls(
     assert set(sum(rounds[4:], [])) == set(NODES[1:])  # the last interval's polls read all
 
 
+def test_a_node_that_missed_two_periods_is_read_every_poll_until_named_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node killed just after the leader's read of it: its status is read every poll once
+    it missed two periods (not once more a period), so it is named lost within a poll of
+    ``node_timeout``; the healthy nodes are still read a share a poll."""
+    nodes = cluster(tmp_path, timeout=1.2)  # interval 0.4 s
+    tick(nodes)
+    leader, dead = nodes[0], "n5"
+    leader.refresh()
+    seen_alive = time.monotonic()
+    read_dead: list[bool] = []
+    while not leader.lost_nodes(finished=set()):
+        time.sleep(leader.interval / 4)
+        tick(nodes[1:], skip={dead})
+        quiet_for = time.monotonic() - seen_alive
+        reads = reads_of(leader, monkeypatch)
+        if quiet_for > leader.node_timeout - leader.interval + 0.05:
+            read_dead.append(dead in reads)
+            assert len(reads) <= 39 * 0.5 + 2, reads  # the share, and the quiet node
+    assert leader.lost_nodes(finished=set()) == [dead]
+    assert read_dead and all(read_dead), read_dead
+
+
 def test_a_silent_leader_is_replaced_and_named_lost(tmp_path: Path) -> None:
     nodes = cluster(tmp_path, timeout=0.6)
     tick(nodes)
