@@ -15,21 +15,26 @@ Ray test's ``gather_s``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from bench_watchdog import STEP_STAMP, launch  # noqa: E402
+from bench_watchdog import DEMO, STEP_STAMP, launch  # noqa: E402
 
 from areal_watchdog.config.model import WatchdogSection  # noqa: E402
 from areal_watchdog.rundir.layout import RunLayout  # noqa: E402
@@ -38,10 +43,11 @@ from receiver import Receiver  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 H200 = REPO / "tests" / "data" / "gpu" / "h200" / "nvml_samples.jsonl"
+POLL_INTERVAL = 1.0  # the shipped one: the sidecar senses once a poll while silent
 HANG_STEP = 10  # past the learned threshold's warm-up (3 step intervals)
 SHIPPED = [
     "watchdog.stall_timeout=auto",
-    "watchdog.poll_interval=1",
+    f"watchdog.poll_interval={POLL_INTERVAL:g}",
     "watchdog.startup_timeout=1800",
     "watchdog.on_hang=cancel",
     "+watchdog.notify=[{type: webhook, url_env: BENCH_HOOK_URL, secret_env: BENCH_HOOK_SECRET}]",
@@ -153,7 +159,64 @@ def run_seconds_benchmarks(quick: bool = False) -> Iterator[tuple[str, Rows, tup
             [_latency_row(f"{kills} nodes killed", named, kills, set())[:4]],
             ("event", "named", "median s", "max s"),
         )
+        yield (
+            "The sensor between looks, per poll (4 real gloo ranks, 3 in one all_reduce)",
+            sensor_cost(root, 10 if quick else 30),
+            ("", "median ms", "max ms", "rank CPU ms a sensing"),
+        )
     receiver.close()
+
+
+def sensor_cost(root: Path, seconds: int) -> Rows:
+    """What one sensing costs (the sidecar senses each poll while the job is silent): its wall
+    time as the sidecar published it, and the ranks' CPU a sensing (their listener's dump of
+    the entries in flight), on a job whose ranks 0-2 wait in one all_reduce for rank 3's 600 s
+    step."""
+    trial = "sensor"
+    cmd = [sys.executable, "-m", "areal_watchdog.cli", "--watchdog", "local", str(DEMO),
+           f"cluster.fileroot={root}", f"trial_name={trial}", *SHIPPED, "demo.hang=none",
+           "watchdog.stall_timeout=600", f"demo.slow_step={HANG_STEP}", "demo.slow_time=600",
+           "demo.slow_rank=3"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, cwd=REPO,
+                            start_new_session=True)  # fmt: skip
+    try:
+        reading, pids = _readings(root, trial, lambda r: len(r.get("ranks", {})) == 4, proc)
+        cpu = _ranks_cpu(pids)
+        before, at = sum(cpu()), time.monotonic()
+        walls = []
+        while time.monotonic() - at < seconds:
+            last = reading["at"]
+            reading, _ = _readings(root, trial, lambda r, last=last: r["at"] != last, proc)
+            walls.append(reading["took"])
+        sensings = (time.monotonic() - at) / POLL_INTERVAL  # one a poll, each published or not
+        per_rank = (sum(cpu()) - before) / sensings / 4
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    return [(f"{len(walls)} sensings", f"{statistics.median(walls) * 1e3:.0f}",
+             f"{max(walls) * 1e3:.0f}", f"{per_rank * 1e3:.2f}")]  # fmt: skip
+
+
+def _readings(
+    root: Path, trial: str, wanted: Callable[[dict], bool], launcher: subprocess.Popen
+) -> tuple[dict, list[int]]:
+    """The node's next published sensing that is ``wanted``, and the ranks' pids."""
+    for _ in range(3000):
+        if launcher.poll() is not None:
+            raise RuntimeError(f"the launcher ended (exit {launcher.returncode})")
+        for path in root.glob(f"*/{trial}/watchdog/status/*.json"):
+            with contextlib.suppress(OSError, ValueError):
+                status = json.loads(path.read_text())
+                reading = status.get("in_flight")
+                if reading and wanted(reading):
+                    return reading, [int(p) for p in status["ranks_alive"].values()]
+        time.sleep(0.1)
+    raise RuntimeError("the sidecar never published the sensing")
+
+
+def _ranks_cpu(pids: list[int]) -> Callable[[], list[float]]:
+    handles = [psutil.Process(pid) for pid in pids]
+    return lambda: [sum(h.cpu_times()[:2]) for h in handles]
 
 
 def node_kill_seconds(folder: Path, kills: int, nodes: int = 16) -> list[float]:

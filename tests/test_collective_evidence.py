@@ -70,7 +70,14 @@ def offline_verdicts(dumps: Path, formats: tuple[str, ...]) -> dict[str, tuple[s
 def test_flight_recorder_names_the_rank_that_diverged(
     launcher: Launcher, scenario: str, world: int, culprit: int, kind: str, stacks_agree: bool
 ) -> None:
-    report, dumps = run_scenario(launcher, scenario, world, culprit)
+    """Each scenario's report names the rank. Where every rank waits at one sequence number
+    (``mismatch``), the sensor between looks sees it long before a 60 s threshold."""
+    sensed = scenario == "mismatch"
+    extra = ["watchdog.stall_timeout=60"] if sensed else []
+    report, dumps = run_scenario(launcher, scenario, world, culprit, *extra)
+    if sensed:
+        assert report["trigger"] == "collective_in_flight", report["trigger"]
+        assert report["stalled_for_s"] < 15 and report["confirmation"]["by"] == "evidence"
     assert report["culprit_ranks"] == [culprit], report["summary"]
     collectives = report["collectives"]
     assert collectives["ranks_without_trace"] == []

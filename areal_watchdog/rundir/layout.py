@@ -38,6 +38,9 @@ def node_of(env: dict[str, str] | os._Environ[str], default: str) -> str:
 COOPERATIVE_SIGNAL = signal.SIGURG
 
 
+FR_ACTIVE = "active:"  # a Flight Recorder request for the entries in flight only
+
+
 @dataclass(frozen=True)
 class RunLayout:
     """The files of one run directory."""
@@ -102,6 +105,10 @@ class RunLayout:
     def fr_dump(self, rank: int) -> Path:
         """Where the listener writes the trace it was asked for."""
         return self.flight_recorder_dir / f"fr_rank_{rank}.json"
+
+    def fr_active(self, rank: int) -> Path:
+        """Where the listener writes the entries in flight, asked between looks."""
+        return self.flight_recorder_dir / f"fr_active_rank_{rank}.json"
 
     def nccl_pipe(self, rank: int) -> Path:
         """NCCL's own dump pipe (``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` + rank)."""

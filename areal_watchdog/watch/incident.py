@@ -44,7 +44,7 @@ from areal_watchdog.watch.scheduler import end_job
 FLIGHT_RECORDER_TIMEOUT = 5.0
 ROLLOUT_TIMEOUT = 2.0  # seconds to wait for asyncio task dumps and server probes
 SUSPECTED_KEPT = 20  # the newest looks kept under suspected/ (a job slow at every step writes many)
-HANG_TRIGGERS = (Trigger.STALL, Trigger.GPU_IDLE, Trigger.RANK_EXITED, Trigger.NODE_SILENT)
+HANG_TRIGGERS = (*SILENCES, Trigger.RANK_EXITED, Trigger.NODE_SILENT)
 
 
 @dataclass

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from areal_watchdog.evidence.trigger import SILENCES, Trigger
 from areal_watchdog.watch.coordination import ENDED_STATES
+from areal_watchdog.watch.in_flight import Reading, stuck_for
 from areal_watchdog.watch.triggers import Action, Say, Snapshot, decide
 
 
@@ -31,6 +32,7 @@ class Leader:
         said_ending = {n for n, st in self.statuses.items() if st.get("state") in ENDED_STATES}
         silent = self.coordinator.lost_nodes(finished=set(exits) | said_ending)
         job_nodes = self.info.nodes if self.info.dynamic_nodes else self.nodes
+        over, op = self.in_flight_over(now)
         return Snapshot(
             now=now,
             first_step_seen=self.clock.first_step_at is not None,
@@ -45,6 +47,8 @@ class Leader:
             crash_grace=wd.crash_grace,
             gpus_quiet_for=self.gpus_quiet_for(now),
             gpu_idle_timeout=wd.gpu_idle_timeout,
+            in_flight_over=over,
+            in_flight_op=op,
             silent_nodes=tuple(silent),
             ended_nodes=len([n for n in exits if n in job_nodes]),
             n_nodes=len(job_nodes),
@@ -70,6 +74,11 @@ class Leader:
                 f"every GPU idle or spinning for {self.gpus_quiet_for(now):.0f} s with no "
                 f"progress: gathering stacks from {alive}"
             )
+        elif action.trigger is Trigger.IN_FLIGHT:
+            self.say(
+                f"after {silent:.1f} s every rank waits in one {self.in_flight_over(now)[1]} "
+                f"far longer than it ever took, nothing at work: gathering stacks from {alive}"
+            )
         elif action.trigger is Trigger.STALL:
             self.say(
                 f"no progress for {silent:.1f} s (threshold {threshold:g} s): stall, "
@@ -81,6 +90,17 @@ class Leader:
             self.incidents.open(action.trigger, self.statuses, action.lost)
         if action.say is Say.FINISHED:
             self.finish()
+
+    def in_flight_over(self, now: float) -> tuple[float, str]:
+        """The sensor's readings of every node (this one's, and those the peers published)."""
+        readings = [self.in_flight.reading] if self.in_flight.reading else []
+        for node, status in self.statuses.items():
+            if node != self.node and (peer := Reading.from_dict(status.get("in_flight"))):
+                readings.append(peer)
+        p99 = self.clock.stats["p99"]
+        return stuck_for(
+            readings, self.info.world_size, now, lambda op: self.in_flight.limit(op, p99)
+        )
 
     def gpus_quiet_for(self, now: float) -> float:
         """How long every GPU of the job, on every node that has GPUs, has done no work."""

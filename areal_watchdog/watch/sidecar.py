@@ -35,6 +35,7 @@ from areal_watchdog.rundir.layout import ENV_RAYLET
 from areal_watchdog.rundir.pace import Pace
 from areal_watchdog.rundir.secure import run_dir_owner
 from areal_watchdog.watch.coordination import Coordinator
+from areal_watchdog.watch.in_flight import InFlightSensor
 from areal_watchdog.watch.incident import Incidents, local_evidence
 from areal_watchdog.watch.job_end import JobEnd
 from areal_watchdog.watch.launcher_heartbeat import watch_heartbeat
@@ -105,6 +106,7 @@ class Sidecar(JobEnd, Leader, ProgressWatch):
             self.info, self.node, self.nodes, self.job_id, self.watch, self.coordinator,
             self.clock, self.notifier, self.say,
         )  # fmt: skip
+        self.in_flight = InFlightSensor(self.layout)
         self.statuses: dict[str, dict[str, Any]] = {}
         self.published: dict[str, Any] = {}  # what peers act on, as last published
         self.own_exit: dict[str, Any] | None = None  # this node's job_exit record, once seen
@@ -223,6 +225,11 @@ class Sidecar(JobEnd, Leader, ProgressWatch):
         self.learn_step_time()
         self.watch.refresh(now)
         self.watch.sample_gpus(now)
+        clock = self.clock  # the sensor reads a silence no look and no threshold took over yet
+        sensing = clock.first_step_at and self.incidents.case is None and not clock.stalled(now)
+        self.in_flight.poll(
+            now, clock.silent_for(now) if sensing else None, clock.stats["median"], self.watch
+        )
         self.answer_request()
         if self.own_exit is None and (leading or due) and not self.watch.live:
             self.own_exit = self.exit_record(self.node)  # read only while no rank runs here
@@ -278,6 +285,7 @@ class Sidecar(JobEnd, Leader, ProgressWatch):
             "job_id": self.job_id,
             "last_incident": str(written[-1]) if written else None,
             "pace": self.pace().to_dict(),
+            "in_flight": self.in_flight.reading.to_dict() if self.in_flight.reading else None,
             **self.watch.summary(),
         }
 

@@ -39,6 +39,8 @@ class Snapshot:
     crash_grace: float
     gpus_quiet_for: float  # every GPU idle or spinning for this long (0: unknown or busy)
     gpu_idle_timeout: float
+    in_flight_over: float  # how far past its limit every rank's shared collective is (< 0: not)
+    in_flight_op: str  # that collective's operation
     silent_nodes: tuple[str, ...]  # peers that stopped answering
     ended_nodes: int  # nodes whose job ended (exit record written)
     n_nodes: int  # nodes whose end is the job's end (AReaL on Slurm: the controller's host)
@@ -68,7 +70,8 @@ class Action:
 def decide(snap: Snapshot, reported: Reported) -> tuple[list[Action], Reported]:
     """The leader's actions for this poll, in order, and the new ``Reported`` state."""
     actions: list[Action] = []
-    for rule in (_node_silent, _job_ended, _rank_exited, _gpu_idle, _suspected, _stall):
+    rules = (_node_silent, _job_ended, _rank_exited, _gpu_idle, _in_flight, _suspected, _stall)
+    for rule in rules:
         action, reported = rule(snap, reported)
         if action is not None:
             actions.append(action)
@@ -121,6 +124,16 @@ def _gpu_idle(snap: Snapshot, reported: Reported) -> Rule:
     if min(snap.gpus_quiet_for, snap.silent_for) < snap.gpu_idle_timeout:
         return None, reported
     return Action(trigger=Trigger.GPU_IDLE), replace(reported, silence=True)
+
+
+def _in_flight(snap: Snapshot, reported: Reported) -> Rule:
+    """The sensor between looks: every rank waits in one collective past what it ever took,
+    nothing at work. A look now, before the threshold (a failure reported first wins)."""
+    if snap.ending_on_purpose or reported.silence or reported.failure or not _running(snap):
+        return None, reported
+    if not snap.first_step_seen or snap.stalled or snap.in_flight_over < 0:
+        return None, reported
+    return Action(trigger=Trigger.IN_FLIGHT), replace(reported, silence=True)
 
 
 def _suspected(snap: Snapshot, reported: Reported) -> Rule:

@@ -205,6 +205,7 @@ def main() -> None:
         "pause_time": 0.0,
         "slow_step": -1,
         "slow_time": 0.0,
+        "slow_rank": -1,
         "heartbeat": False,
         "checkpoint": "",
         "hang_once": False,
@@ -246,7 +247,7 @@ def main() -> None:
             if step == settings["pause_step"]:
                 with areal_watchdog.expect_pause(settings["pause_time"] * 3, "saving checkpoint"):
                     time.sleep(settings["pause_time"])
-            if step == settings["slow_step"]:
+            if step == settings["slow_step"] and settings["slow_rank"] in (-1, rank):
                 time.sleep(settings["slow_time"])  # slow, unannounced, and then fine again
             time.sleep(settings["step_time"])
             if misbehave == "cleanup_deadlock":

@@ -21,6 +21,7 @@ from areal_watchdog.evidence.trigger import Trigger
 from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_RUN_ID
+from areal_watchdog.watch.in_flight import InFlightSensor
 from areal_watchdog.watch.job_end import JobEnd
 from areal_watchdog.watch.leader import Leader
 from areal_watchdog.watch.progress import StallClock
@@ -89,6 +90,7 @@ class Node(JobEnd, Leader):
         )  # fmt: skip
         self.coordinator = FakeCoordinator()
         self.incidents = FakeIncidents()
+        self.in_flight = InFlightSensor(self.layout)  # it read nothing: no rank was asked
         self.own_exit: dict[str, Any] | None = None
         self.gone_since: float | None = None
         self.lines: list[str] = []

@@ -118,7 +118,7 @@ def test_the_vllm_it_starts_serves_the_actor_on_loopback_with_the_configs_flags(
 ) -> None:
     config_file = tmp_path / "job.yaml"
     config_file.write_text(
-        "experiment_name: e\ntrial_name: t\ncluster: {fileroot: /tmp/x}\n"
+        f"experiment_name: e\ntrial_name: t\ncluster: {{fileroot: {tmp_path}/runs}}\n"
         "actor: {path: /models/q, dtype: bfloat16}\nsglang: {context_length: 4096}\n"
         "vllm: {gpu_memory_utilization: 0.8, enforce_eager: true}\nrollout: {}\n"
         "launch: {entrypoint: train.py}\n"

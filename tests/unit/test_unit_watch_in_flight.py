@@ -1,0 +1,77 @@
+"""The cheap sensor between looks, on plain readings: when every rank's shared collective is
+past its limit (and when it is not: a rank outside it, something at work, a rank that did not
+answer yet burns CPU), what the sensor learns of an operation's length, and the trigger rule."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from test_triggers import HEALTHY
+
+from areal_watchdog.evidence.in_flight import InFlight
+from areal_watchdog.evidence.trigger import Trigger
+from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.watch.in_flight import IN_FLIGHT_MIN, InFlightSensor, Reading, stuck_for
+from areal_watchdog.watch.triggers import Reported, decide
+
+NOW = 1000.0
+
+
+def reduce(since: float, seq: int = 7, op: str = "gloo:all_reduce") -> list[InFlight]:
+    return [InFlight("0", seq, op, since)]
+
+
+def limit(_op: str) -> float:
+    return IN_FLIGHT_MIN
+
+
+def test_every_rank_in_one_collective_past_its_limit_is_stuck() -> None:
+    node0 = Reading(NOW, {0: reduce(NOW - 6), 1: reduce(NOW - 5)}, [], busy=False)
+    node1 = Reading(NOW, {2: reduce(NOW - 4)}, [3], busy=False)  # rank 3 stopped, CPU idle
+    over, op = stuck_for([node0, node1], 4, NOW, limit)
+    assert (round(over, 3), op) == (4 - IN_FLIGHT_MIN, "gloo:all_reduce")  # the last to issue it
+    # the same sequence number with another operation: a mismatch, stuck the same
+    node1 = Reading(NOW, {2: reduce(NOW - 4, op="gloo:broadcast")}, [3], busy=False)
+    assert stuck_for([node0, node1], 4, NOW, limit)[0] > 0
+
+
+def test_a_rank_outside_the_collective_or_at_work_is_not_stuck() -> None:
+    both = {0: reduce(NOW - 9), 1: reduce(NOW - 9)}
+    nothing = float("-inf")
+    straggler = Reading(NOW, {**both, 2: []}, [], busy=False)  # rank 2 answered: not in it
+    assert stuck_for([straggler], 3, NOW, limit)[0] == nothing
+    unread = Reading(NOW, both, [], busy=False)  # rank 2 neither answered nor idle
+    assert stuck_for([unread], 3, NOW, limit)[0] == nothing
+    working = Reading(NOW, {**both, 2: reduce(NOW - 9)}, [], busy=True)  # a GPU or CPU works
+    assert stuck_for([working], 3, NOW, limit)[0] == nothing
+    ahead = Reading(NOW, {**both, 2: reduce(NOW - 9, seq=8)}, [], busy=False)
+    assert stuck_for([ahead], 3, NOW, limit)[0] == nothing
+    young = Reading(NOW, {**both, 2: reduce(NOW - 1)}, [], busy=False)
+    assert stuck_for([young], 3, NOW, limit)[0] < 0
+
+
+def test_an_operation_seen_in_flight_then_done_raises_its_own_limit(tmp_path: Path) -> None:
+    sensor = InFlightSensor(RunLayout(tmp_path))
+    sensor.learn(NOW, {0: reduce(NOW - 3), 1: reduce(NOW - 2)})
+    sensor.learn(NOW + 1, {0: [], 1: reduce(NOW - 2)})  # rank 0's completed after 3 s at least
+    assert sensor.limit("gloo:all_reduce") == 15.0 and sensor.limit("gloo:broadcast") == 2.0
+    assert sensor.limit("gloo:broadcast", step=30.0) == 30.0  # never less than a usual step
+    sensor.learn(NOW + 2, {0: []})  # rank 1 did not answer: nothing learned of it
+    assert sensor.limit("gloo:all_reduce") == 15.0
+
+
+def test_a_reading_survives_the_status_file_and_a_forged_one_is_none() -> None:
+    reading = Reading(NOW, {0: reduce(NOW - 6)}, [1], busy=False)
+    assert Reading.from_dict(reading.to_dict()) == reading
+    assert Reading.from_dict({"at": "x", "ranks": {}}) is None
+    assert Reading.from_dict(None) is None
+
+
+def test_the_sensor_looks_before_the_threshold_once_a_silence() -> None:
+    stuck = replace(HEALTHY, silent_for=3.0, in_flight_over=0.5, in_flight_op="gloo:all_reduce")
+    actions, reported = decide(stuck, Reported())
+    assert [a.trigger for a in actions] == [Trigger.IN_FLIGHT]
+    assert decide(stuck, reported)[0] == []  # once a silence
+    assert decide(replace(stuck, first_step_seen=False), Reported())[0] == []
+    assert decide(stuck, Reported(failure=True))[0] == []  # a failure reported first wins
