@@ -174,7 +174,7 @@ def test_idle_gpus_trigger_evidence_before_the_stall_timeout(launcher: Launcher)
             "watchdog.poll_interval=0.25",
             "watchdog.on_hang=cancel",
             "launch.nproc_per_node=3",
-            "demo.hang=collective_mismatch",
+            "demo.hang=p2p_mismatch",  # rank 2 not in the others' collective: no sensor
             "demo.hang_rank=2",
             "demo.hang_step=2",
             "demo.step_time=0.1",
@@ -185,7 +185,7 @@ def test_idle_gpus_trigger_evidence_before_the_stall_timeout(launcher: Launcher)
     (report,) = result.reports
     assert report["trigger"] == "gpu_idle"
     assert report["stalled_for_s"] < 120
-    assert report["category"] == "collective_mismatch" and report["culprit_ranks"] == [2]
+    assert report["category"] == "p2p_mismatch" and report["culprit_ranks"] == [2]
     assert {r["gpu"]["state"] for r in report["ranks"]} == {"idle"}
     assert "every GPU idle or spinning" in result.output
 

@@ -63,7 +63,8 @@ def test_hang_is_caught_and_classified(
         assert report["trigger"] == "job_failed"
     else:
         assert result.returncode == 3, result.output[-3000:]
-        assert report["trigger"] == "stall"
+        # a silence: at the threshold, or before it where every rank waits in one collective
+        assert report["trigger"] in ("stall", "collective_in_flight"), report["trigger"]
         alive = [r for r in report["ranks"] if r["state"] in ("blocked", "running")]
         assert alive and all(r["evidence_method"] == "py-spy" for r in alive)
     assert "report written" in result.output
@@ -84,7 +85,7 @@ def test_mismatch_report_names_call_sites(launcher: Launcher) -> None:
     assert "broadcast" in groups[(3,)] and "announce_metrics" in groups[(3,)]
     assert "all_reduce" in groups[(0, 1, 2)] and "sync_metrics" in groups[(0, 1, 2)]
     assert report["last_step"] == 1
-    assert report["stalled_for_s"] >= 3
+    assert report["stalled_for_s"] >= 2  # the sensor's least wait, if not the 3 s threshold
     incident = result.run_dir / "incidents" / report["incident_id"]
     assert "collective_mismatch" in (incident / "report.md").read_text()
     assert "announce_metrics" in (incident / "stacks" / "rank_3.txt").read_text()
