@@ -416,7 +416,9 @@ def test_single_controller_on_ray_names_the_spinning_rank_of_its_ray_actors(
     result = run_areal(
         ray_launcher, harness, "sc", python=areal, backend="ray",
         overrides=["launch.mode=single_controller", "cluster.n_nodes=2",
-                   "+launch.ray.cpus_per_node=2", *TWO_RANKS],
+                   "+launch.ray.cpus_per_node=2", *TWO_RANKS,
+                   # CI once took over AReaL's fixed 30 s to start the eval-rollout worker
+                   "+launch.env.AREAL_WATCHDOG_RAY_WORKER_STARTUP=180"],
     )  # fmt: skip
     assert result.returncode == 3, result.output[-4000:]
     (report,) = result.reports

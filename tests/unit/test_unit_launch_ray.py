@@ -203,7 +203,7 @@ class NotReadyHead:
     """A stand-in for Ray's dashboard on loopback: its version, and a job submit refused
     ``refusals`` times the way a head without a job agent yet refuses it (HTTP 500)."""
 
-    def __init__(self, refusals: int, text: str) -> None:
+    def __init__(self, refusals: int, text: str, hang_up: bool = False) -> None:
         import http.server
         import threading
 
@@ -226,7 +226,16 @@ class NotReadyHead:
             def do_POST(self) -> None:
                 length = int(self.headers["Content-Length"])
                 head.posts.append(json.loads(self.rfile.read(length)))
-                if len(head.posts) <= refusals:
+                if hang_up and len(head.posts) == 1:  # took it, then closed without an answer
+                    self.close_connection = True
+                    return
+                if hang_up:
+                    self.answer(
+                        400,
+                        f"Job with submission_id {head.posts[0]['submission_id']} "
+                        "already exists. Please use a different submission_id.",
+                    )
+                elif len(head.posts) <= refusals:
                     self.answer(500, text)
                 else:
                     sid = head.posts[-1]["submission_id"]
@@ -261,6 +270,13 @@ def test_a_head_whose_job_agent_is_not_up_yet_is_asked_again(monkeypatch) -> Non
         with pytest.raises(UserError, match=r"^Ray refused the job at http://127\.0\.0\.1:\d+: .*"):
             jobs.RayJobs(head.address).submit("python train.py", "run-8", {}, patience=0)
         assert len(head.posts) == 1
+    finally:
+        head.close()
+    head = NotReadyHead(refusals=0, text="", hang_up=True)  # CI: 'Connection aborted.'
+    try:
+        api = jobs.RayJobs(head.address)
+        assert api.submit("python train.py", "run-10", {}, patience=90) == "run-10"
+        assert len(head.posts) == 2  # the second said the first was taken: ours
     finally:
         head.close()
     head = NotReadyHead(refusals=5, text="Job with submission_id run-9 already exists.")

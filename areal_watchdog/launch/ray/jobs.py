@@ -15,7 +15,9 @@ STOP_CODES = {"SUCCEEDED": 0, "STOPPED": -15}  # anything else ended badly: 1
 
 CONNECT_PATIENCE_S = 30.0  # how long a Jobs API that refuses the client is asked again
 SUBMIT_PATIENCE_S = 90.0  # how long a head whose job agent is not up yet is asked again
-NOT_READY = "try again later"  # Ray's answer when no job agent took the job (none submitted)
+# What a head busy or starting answers (CI, a loaded machine): asked again. "try again later":
+# no job agent took the job; a connection closed without an answer may have taken it.
+TRANSIENT = ("try again later", "Connection aborted", "RemoteDisconnected", "Connection refused")
 
 
 class RayJobs:
@@ -46,10 +48,10 @@ class RayJobs:
     def submit(
         self, entrypoint: str, submission_id: str, env: dict[str, str], patience: float = 0.0
     ) -> str:
-        """Submit, asking again for ``patience`` seconds while the head says its job agent is
-        not ready ("No available agent ... try again later", seen in CI on a loaded machine):
-        the job was not taken then, so the same submission id is safe to send again."""
-        deadline = time.monotonic() + patience
+        """Submit, asking again for ``patience`` seconds while the head is busy or starting
+        (``TRANSIENT``, both seen in CI). The same submission id is sent again: a head that
+        took the job before the connection closed says it already exists, and it is ours."""
+        deadline, resent = time.monotonic() + patience, False
         while True:
             try:
                 return self.client.submit_job(
@@ -57,8 +59,12 @@ class RayJobs:
                     runtime_env={"env_vars": env},
                 )  # fmt: skip
             except Exception as exc:  # noqa: BLE001
-                if NOT_READY not in str(exc) or time.monotonic() >= deadline:
+                said = str(exc)
+                if resent and "already exists" in said:
+                    return submission_id
+                if not any(t in said for t in TRANSIENT) or time.monotonic() >= deadline:
                     raise UserError(f"Ray refused the job at {self.address}: {exc}") from None
+                resent = True
                 time.sleep(2.0)
 
     def status(self, submission_id: str) -> str:
