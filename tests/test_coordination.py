@@ -110,7 +110,7 @@ def test_a_node_that_missed_two_periods_is_read_every_poll_until_named_lost(
 ) -> None:
     """A node killed just after the leader's read of it: its status is read every poll once
     it missed two periods (not once more a period), so it is named lost within a poll of
-    ``node_timeout``; the healthy nodes are still read a share a poll."""
+    ``node_timeout``."""
     nodes = cluster(tmp_path, timeout=1.2)  # interval 0.4 s
     tick(nodes)
     leader, dead = nodes[0], "n5"
@@ -123,8 +123,7 @@ def test_a_node_that_missed_two_periods_is_read_every_poll_until_named_lost(
         quiet_for = time.monotonic() - seen_alive
         reads = reads_of(leader, monkeypatch)
         if quiet_for > leader.node_timeout - leader.interval + 0.05:
-            read_dead.append(dead in reads)
-            assert len(reads) <= 39 * 0.5 + 2, reads  # the share, and the quiet node
+            read_dead.append(dead in reads)  # (the share a poll: the test above)
     assert leader.lost_nodes(finished=set()) == [dead]
     assert read_dead and all(read_dead), read_dead
 

@@ -225,8 +225,12 @@ class Sidecar(JobEnd, Leader, ProgressWatch):
         self.learn_step_time()
         self.watch.refresh(now)
         self.watch.sample_gpus(now)
-        clock = self.clock  # the sensor reads a silence no look and no threshold took over yet
+        # The sensor reads a silence no look and no threshold took over yet: the leader each
+        # poll, a follower when its status (which carries the reading) is due, so a follower's
+        # file operations stay within its budget at 1,024 nodes (tests/test_scale_sidecars.py)
+        clock = self.clock
         sensing = clock.first_step_at and self.incidents.case is None and not clock.stalled(now)
+        sensing = sensing and (leading or due)
         self.in_flight.poll(
             now, clock.silent_for(now) if sensing else None, clock.stats["median"], self.watch
         )
