@@ -76,7 +76,7 @@ class Leader:
             )
         elif action.trigger is Trigger.IN_FLIGHT:
             self.say(
-                f"after {silent:.1f} s every rank waits in one {self.in_flight_over(now)[1]} "
+                f"after {silent:.1f} s every rank waits in one {action.op} "
                 f"far longer than it ever took, nothing at work: gathering stacks from {alive}"
             )
         elif action.trigger is Trigger.STALL:
@@ -92,10 +92,14 @@ class Leader:
             self.finish()
 
     def in_flight_over(self, now: float) -> tuple[float, str]:
-        """The sensor's readings of every node (this one's, and those the peers published)."""
+        """The sensor's readings of every node (this one's, and those the peers published). No
+        peer status is parsed while this node's own ranks went unread: they are never covered."""
+        if self.in_flight.reading is None and self.watch.live:
+            return float("-inf"), ""
         readings = [self.in_flight.reading] if self.in_flight.reading else []
         for node, status in self.statuses.items():
-            if node != self.node and (peer := Reading.from_dict(status.get("in_flight"))):
+            published = status.get("in_flight")
+            if node != self.node and published and (peer := Reading.from_dict(published)):
                 readings.append(peer)
         p99 = self.clock.stats["p99"]
         return stuck_for(

@@ -65,6 +65,7 @@ class Action:
     trigger: Trigger | None = None
     say: Say | None = None
     lost: tuple[str, ...] = ()
+    op: str = ""  # the collective every rank waits in (``IN_FLIGHT``)
 
 
 def decide(snap: Snapshot, reported: Reported) -> tuple[list[Action], Reported]:
@@ -133,7 +134,8 @@ def _in_flight(snap: Snapshot, reported: Reported) -> Rule:
         return None, reported
     if not snap.first_step_seen or snap.stalled or snap.in_flight_over < 0:
         return None, reported
-    return Action(trigger=Trigger.IN_FLIGHT), replace(reported, silence=True)
+    action = Action(trigger=Trigger.IN_FLIGHT, op=snap.in_flight_op)
+    return action, replace(reported, silence=True)
 
 
 def _suspected(snap: Snapshot, reported: Reported) -> Rule:

@@ -71,7 +71,7 @@ def test_a_reading_survives_the_status_file_and_a_forged_one_is_none() -> None:
 def test_the_sensor_looks_before_the_threshold_once_a_silence() -> None:
     stuck = replace(HEALTHY, silent_for=3.0, in_flight_over=0.5, in_flight_op="gloo:all_reduce")
     actions, reported = decide(stuck, Reported())
-    assert [a.trigger for a in actions] == [Trigger.IN_FLIGHT]
+    assert [(a.trigger, a.op) for a in actions] == [(Trigger.IN_FLIGHT, "gloo:all_reduce")]
     assert decide(stuck, reported)[0] == []  # once a silence
     assert decide(replace(stuck, first_step_seen=False), Reported())[0] == []
     assert decide(stuck, Reported(failure=True))[0] == []  # a failure reported first wins
