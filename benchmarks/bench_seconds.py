@@ -35,22 +35,28 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from bench_watchdog import DEMO, STEP_STAMP, launch  # noqa: E402
+from vllm_server import VLLM_PYTHON, Saturation, make_vllm_model, running_vllm  # noqa: E402
 
 from areal_watchdog.config.model import WatchdogSection  # noqa: E402
 from areal_watchdog.rundir.layout import RunLayout  # noqa: E402
 from areal_watchdog.watch.coordination import Coordinator  # noqa: E402
+from conftest import suspected_looks  # noqa: E402
 from receiver import Receiver  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+ROLLOUT_DEMO = REPO / "examples" / "rollout_hangs" / "config.yaml"
 H200 = REPO / "tests" / "data" / "gpu" / "h200" / "nvml_samples.jsonl"
 POLL_INTERVAL = 1.0  # the shipped one: the sidecar senses once a poll while silent
 HANG_STEP = 10  # past the learned threshold's warm-up (3 step intervals)
-SHIPPED = [
+WATCHDOG = [  # the shipped watchdog, posting to the benchmark's receiver
     "watchdog.stall_timeout=auto",
     f"watchdog.poll_interval={POLL_INTERVAL:g}",
     "watchdog.startup_timeout=1800",
     "watchdog.on_hang=cancel",
     "+watchdog.notify=[{type: webhook, url_env: BENCH_HOOK_URL, secret_env: BENCH_HOOK_SECRET}]",
+]
+SHIPPED = [
+    *WATCHDOG,
     "launch.nproc_per_node=4",
     f"demo.steps={HANG_STEP + 6}",
 ]
@@ -147,6 +153,7 @@ def run_seconds_benchmarks(quick: bool = False) -> Iterator[tuple[str, Rows, tup
                 run_one(root, receiver, f"ok{len(quiet)}{i}", overrides) for i in range(repeats)
             ]
             quiet.append((name, f"{sum(p['posts'] for p in posts)} of {repeats} runs", "0"))
+        quiet.append(saturated_server(root, receiver, repeats))
         yield (
             "False positives at the shipped defaults (posted reports)",
             quiet,
@@ -165,6 +172,38 @@ def run_seconds_benchmarks(quick: bool = False) -> Iterator[tuple[str, Rows, tup
             ("", "median ms", "max ms", "rank CPU ms a sensing"),
         )
     receiver.close()
+
+
+def saturated_server(root: Path, receiver: Receiver, repeats: int) -> tuple[str, ...]:
+    """A 2-rank RL job on a real vLLM (``examples/rollout_hangs``, 4 rollouts a step) that other
+    clients fill once the threshold has learned its quiet steps: 64 completions of 240 tokens
+    always queued, so each later step waits far past the learned threshold while the server
+    generates. Posts counted as for the other jobs."""
+    name = "saturated server (real vLLM, 64 clients queued from step 4)"
+    if not VLLM_PYTHON.exists():
+        return (name, "not run: no .venv-vllm (bash scripts/setup.sh --vllm)", "0")
+    model = make_vllm_model(root / "vllm-model")
+    posts, busy = 0, 0
+    with running_vllm(model) as address:
+        demo = [f"demo.server_port={address.rsplit(':', 1)[1]}", "demo.server=vllm",
+                "demo.start_server=false", f"demo.vllm_model={model}", "demo.hang=none",
+                "demo.steps=7", "demo.max_concurrent_rollouts=4"]  # fmt: skip
+        for i in range(repeats):
+            before = len(receiver.requests)
+            cmd = [sys.executable, "-m", "areal_watchdog.cli", "--watchdog", "local",
+                   str(ROLLOUT_DEMO), f"cluster.fileroot={root}", f"trial_name=saturated{i}",
+                   *WATCHDOG, *demo]  # fmt: skip
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, cwd=REPO, start_new_session=True)  # fmt: skip
+            for line in proc.stdout or ():
+                if "Train step 3/7 done" in line:
+                    break
+            with Saturation(address, model, 64, tokens=240):
+                proc.communicate(timeout=900)
+            posts += len(receiver.requests) - before
+            looks = suspected_looks(next(root.glob(f"*/saturated{i}")))
+            busy += sum("busy, not hung" in look["summary"] for look in looks)
+    return (name, f"{posts} of {repeats} runs ({busy} looks: busy, not hung)", "0")
 
 
 def sensor_cost(root: Path, seconds: int) -> Rows:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ports import free_port_pair
 
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.diagnose.classify import classify
@@ -49,21 +50,6 @@ CASES = [
     ("workflow_failing", "rollout_stalled", "workflow_failing", False),
     ("weight_sync_stuck", "weight_sync_stuck", None, True),
 ]
-
-
-def free_port_pair() -> int:
-    """A port P with P and P+1 free on 127.0.0.1 (the server and the weight-sync store)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no free port pair")
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ class StageResult(PlainRecord):
     errors: list[str] = field(default_factory=list)
     pending_episodes: list[dict[str, Any]] = field(default_factory=list)
     blocked_loop: list[dict[str, Any]] = field(default_factory=list)  # a loop stuck in sync code
+    blocked_by: str = ""  # the episode whose synchronous code holds the loop, when one does
 
     @property
     def passed(self) -> bool:
@@ -46,11 +47,13 @@ class StageResult(PlainRecord):
 
 @dataclass(frozen=True)
 class CheckResult(PlainRecord):
-    """The workflow and reward the script named, the server and engine used, the staleness
-    numbers, the stages run (the first that did not pass ends the check), or why none ran."""
+    """The workflow and reward the script named, the rewards the workflow called, the server
+    and engine used, the staleness numbers, the stages run (the first that did not pass ends
+    the check), or why none ran."""
 
     workflow: str = ""
-    reward: str = ""
+    reward: str = ""  # workflow_kwargs' reward_fn, as the script named it
+    reward_called: list[str] = field(default_factory=list)  # through AsyncRewardWrapper
     engine: str = ""
     staleness: dict[str, Any] | None = None
     stages: list[StageResult] = field(default_factory=list)

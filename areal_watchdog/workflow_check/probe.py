@@ -100,6 +100,27 @@ def name_of(thing: Any) -> str:
     return f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', repr(kind))}"
 
 
+def rewards_called() -> list[str]:
+    """The reward functions AReaL's ``AsyncRewardWrapper`` runs from now on, by name, in the
+    order first called: what the workflow scores with, whatever ``workflow_kwargs`` named (a
+    workflow may wrap another function). The list fills as the stages run."""
+    called: list[str] = []
+    try:
+        from areal.api.reward_api import AsyncRewardWrapper
+    except ImportError:
+        return called
+    original = AsyncRewardWrapper.__call__
+
+    async def recorded(wrapper: Any, *args: Any, **kwargs: Any) -> Any:
+        name = name_of(getattr(wrapper, "reward_fn", None))
+        if name and name not in called:
+            called.append(name)
+        return await original(wrapper, *args, **kwargs)
+
+    AsyncRewardWrapper.__call__ = recorded  # type: ignore[method-assign]
+    return called
+
+
 def staleness_of(config: Any, batch_size: int) -> Staleness:
     """The gate's numbers from AReaL's own config objects (their defaults applied)."""
     rollout = config.rollout
@@ -116,6 +137,7 @@ def check(
 ) -> CheckResult:
     """The three stages; the first that does not pass ends the check (the guide's order)."""
     named = {"workflow": name_of(workflow), "reward": name_of((kwargs or {}).get("reward_fn"))}
+    called = rewards_called()
     if workflow is None:
         return CheckResult(error="PPOTrainer.train got no workflow (AReaL's online agent mode "
                            "has none to run here): nothing to check")  # fmt: skip
@@ -137,7 +159,7 @@ def check(
         if not done[-1].passed:
             break
     return CheckResult(**named, engine=type(engine).__name__, staleness=gate.to_dict(),
-                       stages=done)  # fmt: skip
+                       stages=done, reward_called=called)  # fmt: skip
 
 
 def _engine(config: Any, request: dict[str, Any], dp: int) -> Any:

@@ -18,8 +18,7 @@ STAGE_NAMES = ("one episode", "one batch", "AReaL engine")
 
 def render(result: CheckResult, server: str) -> str:
     lines = [
-        f"workflow: {result.workflow or '?'}"
-        + (f", reward {result.reward}" if result.reward else ""),
+        f"workflow: {result.workflow or '?'}{reward_words(result)}",
         f"server:   {server}" + (f" (client {result.engine})" if result.engine else ""),
         "",
     ]
@@ -32,6 +31,19 @@ def render(result: CheckResult, server: str) -> str:
     for stage in result.stages:
         lines += _problems(stage, gate_shut)
     return "\n".join([*lines, "", verdict(result)])
+
+
+def reward_words(result: CheckResult) -> str:
+    """What the workflow scored with: the reward it called, else what the script named and
+    that the check could not tell (no episode called AReaL's ``AsyncRewardWrapper``)."""
+    named, called = result.reward, result.reward_called
+    if called:
+        other = f" (workflow_kwargs named {named})" if named and named not in called else ""
+        return f", reward {', '.join(called)}{other}"
+    if not result.stages:
+        return f", reward {named} (named in workflow_kwargs)" if named else ""
+    given = f"workflow_kwargs named {named}, but " if named else ""
+    return f", reward: could not tell ({given}no episode called AReaL's AsyncRewardWrapper)"
 
 
 def _table(stages: list[StageResult]) -> list[str]:
@@ -67,21 +79,33 @@ def _problems(stage: StageResult, gate_shut: bool) -> list[str]:
     if stage.errors:
         lines += ["", f"{stage.name}: errors"] + [f"  {e}" for e in stage.errors]
     if stage.blocked_loop:
-        lines += ["", f"{stage.name}: the event loop is blocked in synchronous code, no episode "
-                  "can run:", f"  {_chain(stage.blocked_loop)}"]  # fmt: skip
-    if stage.pending_episodes:
-        lines += ["", f"{stage.name}: {stage.pending} episode{'s' if stage.pending > 1 else ''} "
-                  f"pending at the limit ({stage.limit_s:g} s), innermost last:"]  # fmt: skip
-        lines += [_pending(p) for p in stage.pending_episodes]
+        lines += ["", f"{stage.name}: {_blocked(stage)}, so no other episode can run; its "
+                  "stack, innermost last:", f"  {_chain(stage.blocked_loop)}"]  # fmt: skip
+    waiting = [p for p in stage.pending_episodes if not p.get("holds_loop")]
+    if waiting:
+        count = stage.pending - bool(stage.blocked_by)
+        other = "other " if stage.blocked_by else ""
+        lines += ["", f"{stage.name}: {count} {other}episode{'s' if count > 1 else ''} pending "
+                  f"at the limit ({stage.limit_s:g} s), innermost last:"]  # fmt: skip
+        lines += [_pending(p, bool(stage.blocked_loop)) for p in waiting]
     if stage.not_started and not stage.pending_episodes:
         why = ": the staleness gate above holds them" if gate_shut else ""
         lines += ["", f"{stage.name}: {stage.not_started} episodes never started{why}"]
     return lines
 
 
-def _pending(entry: dict[str, Any]) -> str:
-    awaiting = f" (awaits {entry['awaiting']})" if entry.get("awaiting") else ""
-    return f"  {entry['episode']}, {entry['pending_s']:g} s{awaiting}: {_chain(entry['chain'])}"
+def _blocked(stage: StageResult) -> str:
+    """Where the loop is held, and by which episode when one holds it."""
+    by = f" by {stage.blocked_by}" if stage.blocked_by else ""
+    return f"the event loop is blocked{by} in synchronous code at {_chain(stage.blocked_loop[-1:])}"
+
+
+def _pending(entry: dict[str, Any], loop_blocked: bool) -> str:
+    if loop_blocked:  # what it awaits cannot answer before the loop runs again
+        state = " (cannot resume while the loop is blocked)"
+    else:
+        state = f" (awaits {entry['awaiting']})" if entry.get("awaiting") else ""
+    return f"  {entry['episode']}, {entry['pending_s']:g} s{state}: {_chain(entry['chain'])}"
 
 
 def _chain(links: list[dict[str, Any]]) -> str:
@@ -104,6 +128,8 @@ def verdict(result: CheckResult) -> str:
         f"{n} {label}" for n, label in ((failing.failed, "failed"), (failing.pending, "pending"),
                                         (failing.not_started, "never started")) if n
     )  # fmt: skip
+    if failing.blocked_loop:
+        what = f"{_blocked(failing)}; {what}"
     skipped = ", ".join(STAGE_NAMES[index:])
     rest = f"; not run: {skipped} (fix this stage first)" if skipped else ""
     episodes = f"{failing.planned} episode{'s' if failing.planned > 1 else ''}"

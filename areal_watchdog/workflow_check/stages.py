@@ -24,6 +24,7 @@ from areal_watchdog.workflow_check.model import StageResult
 MAX_ERRORS = 3
 MAX_PENDING_SHOWN = 8
 LOOP_ANSWER_S = 1.0
+MAX_BLOCKED_FRAMES = 8
 
 
 @dataclass
@@ -114,23 +115,38 @@ def summarise(
     errors = list(dict.fromkeys([*(errors or []), *(e.error for e in items if e.error)]))
     alive = loop_thread is not None and loop_thread.is_alive()
     blocked = _blocked_stack(loop_thread) if alive and not _answers(episodes.loop) else []
+    holder = next((e for e in pending if blocked and _runs(e)), None)
+    shown = [_pending(e, blocked if e is holder else None) for e in pending[:MAX_PENDING_SHOWN]]
     return StageResult(
         name, detail, planned, count["done"], count["failed"], count["rejected"],
         len(pending), planned - len(started),
         [round(e.ended - e.started, 3) for e in started if e.ended is not None],
         round(wall, 3), limit, errors[:MAX_ERRORS],
-        [_pending(e) for e in pending[:MAX_PENDING_SHOWN]], blocked,
+        shown, blocked, holder.label if holder else "",
     )  # fmt: skip
 
 
-def _pending(episode: Episode) -> dict[str, Any]:
-    """The episode's await chain from the workflow inward (this module's frames left out)."""
+def _runs(episode: Episode) -> bool:
+    """Is the episode's coroutine the one on the loop thread's stack (holding the loop)?"""
+    coro = episode.task.get_coro() if episode.task else None
+    return bool(getattr(coro, "cr_running", False))
+
+
+def _pending(episode: Episode, holding: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The episode's await chain from the workflow inward (this module's frames left out); for
+    the episode that holds a blocked loop, the loop thread's stack (it awaits nothing)."""
     links, awaiting = await_chain(episode.task) if episode.task else ([], None)
-    own = [i for i, link in enumerate(links) if link["filename"] == __file__]
-    links = links[own[-1] + 1 :] if own else links
+    links = _from_workflow(holding if holding is not None else links)
     age = time.monotonic() - (episode.started or time.monotonic())
-    return {"episode": episode.label, "pending_s": round(age, 1), "chain": links,
-            "awaiting": awaiting}  # fmt: skip
+    entry = {"episode": episode.label, "pending_s": round(age, 1), "chain": links,
+             "awaiting": None if holding is not None else awaiting}  # fmt: skip
+    return {**entry, "holds_loop": True} if holding is not None else entry
+
+
+def _from_workflow(links: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The frames inward of this module's own (``timed``): the workflow's and below."""
+    own = [i for i, link in enumerate(links) if link["filename"] == __file__]
+    return links[own[-1] + 1 :] if own else links
 
 
 def _answers(loop: asyncio.AbstractEventLoop | None) -> bool:
@@ -144,13 +160,12 @@ def _answers(loop: asyncio.AbstractEventLoop | None) -> bool:
 
 
 def _blocked_stack(thread: threading.Thread) -> list[dict[str, Any]]:
-    """The blocked loop thread's stack, outermost first (its innermost frames)."""
+    """The blocked loop thread's stack, outermost first, with qualified names as the await
+    chains have them: from the workflow's frame inward where an episode holds it."""
     frame: types.FrameType | None = sys._current_frames().get(thread.ident or -1)
-    if frame is None:
-        return []
     stack = []
     while frame is not None:
-        stack.append({"name": frame.f_code.co_name, "filename": frame.f_code.co_filename,
+        stack.append({"name": frame.f_code.co_qualname, "filename": frame.f_code.co_filename,
                       "line": frame.f_lineno})  # fmt: skip
         frame = frame.f_back
-    return stack[::-1][-8:]
+    return _from_workflow(stack[::-1])[-MAX_BLOCKED_FRAMES:]

@@ -15,7 +15,8 @@ import pytest
 from areal_watchdog.cli import main
 from areal_watchdog.config.load import load_config
 from areal_watchdog.trajectory.greedy import GreedyPair
-from areal_watchdog.workflow_check.model import CheckResult
+from areal_watchdog.workflow_check.model import CheckResult, StageResult
+from areal_watchdog.workflow_check.probe import rewards_called
 from areal_watchdog.workflow_check.render import render
 from areal_watchdog.workflow_check.server import vllm_command
 from areal_watchdog.workflow_check.stages import run_on_own_loop, summarise
@@ -79,7 +80,72 @@ def test_episodes_that_end_never_and_a_loop_held_by_sync_code_are_told_apart() -
     episodes, wall, thread = run_on_own_loop([("row 0", blocks_the_loop)], 1, 0.3)
     stage = summarise("one episode", "row 0", 1, episodes, wall, 0.3, thread)
     assert stage.pending == 1 and not stage.passed
-    assert stage.blocked_loop[-1]["name"] == "blocks_the_loop"
+    assert stage.blocked_loop[-1]["name"].endswith("<locals>.blocks_the_loop")
+
+
+class Tool:
+    """A tool whose call is synchronous: awaited nowhere, it holds the loop while it runs."""
+
+    def call(self) -> None:
+        time.sleep(3)
+
+
+def test_a_loop_held_by_one_episode_is_the_stages_cause_named_with_qualified_frames() -> None:
+    async def asks_the_server() -> None:
+        await asyncio.sleep(30)  # an answer that can only arrive once the loop runs again
+
+    async def runs_the_tool() -> None:
+        await asyncio.sleep(0.05)  # the others are suspended by then
+        Tool().call()
+
+    jobs = [(f"row {i}", asks_the_server) for i in range(3)] + [("row 3", runs_the_tool)]
+    episodes, wall, thread = run_on_own_loop(jobs, 4, 0.5)
+    stage = summarise("one batch", "4 rows", 4, episodes, wall, 0.5, thread)
+    text = render(CheckResult(workflow="w", stages=[stage]), "127.0.0.1:1")
+    lines = text.splitlines()
+    held = next(i for i, line in enumerate(lines) if "the event loop is blocked" in line)
+    assert lines[held].startswith("one batch: the event loop is blocked by row 3 in synchronous "
+                                  "code at Tool.call (test_unit_workflow_check.py:")  # fmt: skip
+    assert "runs_the_tool (test_unit_workflow_check.py:" in lines[held + 1]
+    assert lines[held + 1].split(" > ")[-1].startswith("Tool.call (")  # qualified, innermost last
+    others = [line for line in lines if line.startswith("  row ")]
+    assert len(others) == 3 and "row 3" not in " ".join(others)
+    assert all("cannot resume while the loop is blocked" in line for line in others)
+    assert "3 other episodes pending" in text and "no frame" not in text
+    assert lines[-1].startswith(
+        "failed at stage 1 (one batch): the event loop is blocked by row 3 in synchronous code "
+        "at Tool.call (test_unit_workflow_check.py:"
+    )
+    assert "); 4 pending of 4 episodes; not run: " in lines[-1]
+
+
+def own_reward(*_args: object, **_kwargs: object) -> float:
+    """A reward a workflow wraps itself (picklable: AReaL runs it in a process pool)."""
+    return 1.0
+
+
+def test_the_reward_line_says_what_the_workflow_called_not_what_the_script_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reward_api = pytest.importorskip("areal.api.reward_api")
+    wrapper_class = reward_api.AsyncRewardWrapper
+    monkeypatch.setattr(wrapper_class, "__call__", wrapper_class.__call__)  # restored after
+    called = rewards_called()
+    assert asyncio.run(wrapper_class(own_reward, max_workers=1)("p", "c", [1], [2], "a")) == 1.0
+    stage = StageResult("one episode", "row 0", 1, done=1)
+    named = "areal.reward.gsm8k.gsm8k_reward_fn"
+    line = render(CheckResult("w.Flow", named, called, stages=[stage]), "s").splitlines()[0]
+    assert line == (
+        "workflow: w.Flow, reward test_unit_workflow_check.own_reward "
+        f"(workflow_kwargs named {named})"
+    )
+    unseen = render(CheckResult("w.Flow", named, [], stages=[stage]), "s").splitlines()[0]
+    assert unseen == (
+        f"workflow: w.Flow, reward: could not tell (workflow_kwargs named {named}, but no "
+        "episode called AReaL's AsyncRewardWrapper)"
+    )
+    same = render(CheckResult("w.Flow", named, [named], stages=[stage]), "s").splitlines()[0]
+    assert same == f"workflow: w.Flow, reward {named}"
 
 
 def test_the_healthy_check_passes_every_stage() -> None:
