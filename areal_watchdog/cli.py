@@ -44,11 +44,11 @@ from areal_watchdog.evidence import offline
 from areal_watchdog.launch.backend import backend_class, backend_names, resolve_target
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.local import LocalBackend
-from areal_watchdog.launch.slurm.status import status_lines
 from areal_watchdog.notify.delivery import delivery_id, send
 from areal_watchdog.notify.notifier import deliver_spooled, render, secret_values
 from areal_watchdog.recover.checks import check_resumable, resume_notes, tokenizer_warning
 from areal_watchdog.recover.resume import recovery_lines, run_resuming
+from areal_watchdog.report.run_status import status_lines
 from areal_watchdog.report.sample import sample_report
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.rundir.secure import check_run_dir, private_dir_problem

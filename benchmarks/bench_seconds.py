@@ -40,7 +40,7 @@ from vllm_server import VLLM_PYTHON, Saturation, make_vllm_model, running_vllm  
 from areal_watchdog.config.model import WatchdogSection  # noqa: E402
 from areal_watchdog.rundir.layout import RunLayout  # noqa: E402
 from areal_watchdog.watch.coordination import Coordinator  # noqa: E402
-from conftest import suspected_looks  # noqa: E402
+from conftest import Launcher, suspected_looks  # noqa: E402
 from receiver import Receiver  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,6 +48,7 @@ ROLLOUT_DEMO = REPO / "examples" / "rollout_hangs" / "config.yaml"
 H200 = REPO / "tests" / "data" / "gpu" / "h200" / "nvml_samples.jsonl"
 POLL_INTERVAL = 1.0  # the shipped one: the sidecar senses once a poll while silent
 HANG_STEP = 10  # past the learned threshold's warm-up (3 step intervals)
+QUIET_STEPS = 5  # a saturated server's job learns its threshold on these (warm-up included)
 WATCHDOG = [  # the shipped watchdog, posting to the benchmark's receiver
     "watchdog.stall_timeout=auto",
     f"watchdog.poll_interval={POLL_INTERVAL:g}",
@@ -179,7 +180,7 @@ def saturated_server(root: Path, receiver: Receiver, repeats: int) -> tuple[str,
     clients fill once the threshold has learned its quiet steps: 64 completions of 240 tokens
     always queued, so each later step waits far past the learned threshold while the server
     generates. Posts counted as for the other jobs."""
-    name = "saturated server (real vLLM, 64 clients queued from step 4)"
+    name = f"saturated server (real vLLM, 64 clients queued from step {QUIET_STEPS + 1})"
     if not VLLM_PYTHON.exists():
         return (name, "not run: no .venv-vllm (bash scripts/setup.sh --vllm)", "0")
     model = make_vllm_model(root / "vllm-model")
@@ -187,21 +188,19 @@ def saturated_server(root: Path, receiver: Receiver, repeats: int) -> tuple[str,
     with running_vllm(model) as address:
         demo = [f"demo.server_port={address.rsplit(':', 1)[1]}", "demo.server=vllm",
                 "demo.start_server=false", f"demo.vllm_model={model}", "demo.hang=none",
-                "demo.steps=7", "demo.max_concurrent_rollouts=4"]  # fmt: skip
+                f"demo.steps={QUIET_STEPS + 4}", "demo.max_concurrent_rollouts=4"]  # fmt: skip
         for i in range(repeats):
             before = len(receiver.requests)
-            cmd = [sys.executable, "-m", "areal_watchdog.cli", "--watchdog", "local",
-                   str(ROLLOUT_DEMO), f"cluster.fileroot={root}", f"trial_name=saturated{i}",
-                   *WATCHDOG, *demo]  # fmt: skip
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, cwd=REPO, start_new_session=True)  # fmt: skip
+            proc, run_dir = Launcher(root).start(
+                [*WATCHDOG, *demo], trial=f"saturated{i}", config=ROLLOUT_DEMO
+            )
             for line in proc.stdout or ():
-                if "Train step 3/7 done" in line:
+                if f"Train step {QUIET_STEPS}/" in line:
                     break
             with Saturation(address, model, 64, tokens=240):
                 proc.communicate(timeout=900)
             posts += len(receiver.requests) - before
-            looks = suspected_looks(next(root.glob(f"*/saturated{i}")))
+            looks = suspected_looks(run_dir)
             busy += sum("busy, not hung" in look["summary"] for look in looks)
     return (name, f"{posts} of {repeats} runs ({busy} looks: busy, not hung)", "0")
 

@@ -15,8 +15,11 @@ from pathlib import Path
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.evidence.model import BLOCKED, Evidence, Frame, RankEvidence, ThreadStack
+from conftest import Launcher  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "examples" / "hang_demo" / "config.yaml"
@@ -29,26 +32,8 @@ def launch(
     root: Path, trial: str, overrides: list[str], watchdog: bool = True, watch_sidecar: bool = False
 ) -> tuple[str, dict[str, float]]:
     """Run the demo to its end; optionally sample the sidecar's CPU and memory meanwhile."""
-    args = ["--watchdog"] if watchdog else []
-    cmd = [
-        sys.executable,
-        "-m",
-        "areal_watchdog.cli",
-        *args,
-        "local",
-        str(DEMO),
-        f"cluster.fileroot={root}",
-        f"trial_name={trial}",
-        *overrides,
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=REPO,
-        start_new_session=True,
-    )
+    args = ("--watchdog",) if watchdog else ()
+    proc, _ = Launcher(root).start(overrides, trial=trial, config=DEMO, args=args)
     usage: dict[str, float] = {}
     if watch_sidecar:
         usage = _sample_sidecar(proc, root)

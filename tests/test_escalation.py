@@ -13,7 +13,7 @@ from pathlib import Path
 from desk import THRESHOLD, Info, desk, moving, recorded
 
 from areal_watchdog.config.model import WatchdogSection
-from areal_watchdog.launch.slurm.status import status_lines
+from areal_watchdog.report.run_status import status_lines
 from areal_watchdog.report.write import prune_oldest
 from areal_watchdog.watch.escalation import summary_prefix
 from areal_watchdog.watch.second_look import marks, moved

@@ -138,26 +138,27 @@ def step_line(step: int, total: int, loss: float) -> str:
     )
 
 
+DEFAULTS = {  # the config's `data` and `rl` sections override these
+    "seed": 1,
+    "steps": 6,
+    "prompt_len": 3,
+    "max_len": 8,
+    "group_size": 4,
+    "groups_per_rank": 2,
+    "lr": 0.05,
+    "clip": 0.2,
+    "long_prompt_step": -1,
+    "long_prompt_rank": 0,
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", required=True)
     args = parser.parse_args()
     with open(args.config) as fh:
         config = yaml.safe_load(fh)
-    cfg = {
-        "seed": 1,
-        "steps": 6,
-        "prompt_len": 3,
-        "max_len": 8,
-        "group_size": 4,
-        "groups_per_rank": 2,
-        "lr": 0.05,
-        "clip": 0.2,
-        "long_prompt_step": -1,
-        "long_prompt_rank": 0,
-        **(config.get("data") or {}),
-        **(config.get("rl") or {}),
-    }
+    cfg = {**DEFAULTS, **(config.get("data") or {}), **(config.get("rl") or {})}
     run_dir = Path(config["cluster"]["fileroot"]) / config["experiment_name"] / config["trial_name"]
     timeout = float(os.environ.get("AREAL_WATCHDOG_COLLECTIVE_TIMEOUT", "900"))
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))

@@ -11,7 +11,6 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.errors import UserError
@@ -217,15 +216,6 @@ def cancel_job(job_id: str) -> None:
     out = slurm(["scancel", checked_job_id(job_id)])
     if out.returncode != 0:
         raise UserError(f"scancel {job_id} failed: {last_said(out)}")
-
-
-def node_statuses(run_dir: Path) -> list[dict[str, Any]]:
-    """Every node's last published status, as the sidecars wrote it."""
-    layout = RunLayout(run_dir)
-    if not layout.status_dir.is_dir():
-        return []
-    statuses = [read_json(p) for p in sorted(layout.status_dir.glob("*.json"))]
-    return [s for s in statuses if isinstance(s, dict)]
 
 
 def cancel_jobs(prefix: str) -> list[str]:

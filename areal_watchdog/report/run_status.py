@@ -10,8 +10,8 @@ from typing import Any
 
 from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.rankset import format_ranks
-from areal_watchdog.launch.slurm.jobs import node_statuses
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.rundir.node_status import node_statuses
 from areal_watchdog.rundir.pace import Pace, answer
 
 
