@@ -24,6 +24,7 @@ import json
 import sys
 import tempfile
 import time
+import tracemalloc
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from typing import Any
 from areal_watchdog.common.atomic import read_json, write_json_atomic
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.diagnose.classify import classify
+from areal_watchdog.evidence.gpu import GpuSample
 from areal_watchdog.evidence.model import (
     BLOCKED,
     Evidence,
@@ -44,6 +46,7 @@ from areal_watchdog.notify.slack import build_slack_message, check_limits
 from areal_watchdog.report.bound import split_ranks
 from areal_watchdog.report.build import IncidentContext, build_report, new_incident_id
 from areal_watchdog.report.write import write_incident
+from areal_watchdog.rundir.history import GPU_SAMPLES_KEPT, STEPS_KEPT, History
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.watch.coordination import Coordinator
 
@@ -277,4 +280,29 @@ def run_scale_benchmarks(quick: bool = False) -> list:
         "ops/s constant and <= 2, report <= 5 s, lost node <= node_timeout + 5 s, follower "
         "CPU < 1%)"
     )
-    return [(title, rows, header)]
+    _timeline_history(sizes[0])  # once before measuring: one-time allocations left out
+    history = [_timeline_history(n) for n in sizes]
+    history_header = ("nodes x GPUs", "history at capacity", "its polls", "noting a poll")
+    history_title = (
+        "The timeline's history in the leading sidecar (steps, its node's GPUs, the job's GPUs "
+        "at work summed over every status; target: memory constant in the nodes)"
+    )
+    return [(title, rows, header), (history_title, history, history_header)]
+
+
+def _timeline_history(n_nodes: int, gpus: int = 8) -> tuple[str, ...]:
+    """Fill the rings to capacity as a leader's polls would; its memory and a poll's cost."""
+    samples = [GpuSample(i, f"GPU-{i}", 97.0, 1e3, 8e4, 600.0, 700.0) for i in range(gpus)]
+    statuses = [{"pace": {"gpus": gpus, "gpus_working": gpus}} for _ in range(n_nodes)]
+    polls = max(STEPS_KEPT, GPU_SAMPLES_KEPT)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    history, started = History("node0000"), time.perf_counter()
+    for poll in range(polls):
+        history.note_step(poll, float(poll))
+        history.note_gpus(float(poll), samples)
+        history.note_job_gpus(float(poll), statuses)
+    per_poll = (time.perf_counter() - started) / polls
+    size = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    return (f"{n_nodes} x {gpus}", f"{size / 1024:.0f} KiB", str(polls), f"{per_poll * 1e3:.2f} ms")

@@ -32,8 +32,8 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   echo "[setup] installing torch (CPU build)"
   "${PIP[@]}" "torch==2.13.0"
 fi
-echo "[setup] installing areal-watchdog and its test tools"
-"${PIP[@]}" -e ".[test]"
+echo "[setup] installing areal-watchdog, its test tools and the timeline's plotting (matplotlib)"
+"${PIP[@]}" -e ".[test,plots]"
 if [ "$AREAL" = 1 ] \
   && ! "$VENV/bin/python" -c "import areal, math_verify, peft, torchdata" >/dev/null 2>&1; then
   # AReaL pins torch<2.11, which is not to be had here: areal and the packages that would pull

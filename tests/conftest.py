@@ -77,6 +77,19 @@ def read_reports(run_dir: Path, folder: str = "incidents") -> list[dict]:
     return reports
 
 
+def timeline_of(report: dict) -> dict:
+    """A posted incident's timeline: its data, and the picture drawn beside it (the sidecar
+    waits for its drawings before it exits, so both are there once the launcher returned)."""
+    folder = Path(report["files"]["incident_dir"])
+    assert (folder / "timeline.png").stat().st_size > 0, sorted(p.name for p in folder.iterdir())
+    assert "![timeline](timeline.svg)" in (folder / "report.md").read_text()
+    return json.loads((folder / "timeline.json").read_text())
+
+
+def culprit_rows(timeline: dict) -> list[str]:
+    return [row["label"] for row in timeline["rows"] if row["culprit"]]
+
+
 def suspected_looks(run_dir: Path) -> list[dict]:
     """The looks at a silence that were not confirmed: written, not posted, oldest first."""
     return read_reports(run_dir, "suspected")

@@ -7,6 +7,7 @@ import json
 import socket
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -27,6 +28,10 @@ class Received:
         return json.loads(self.body)
 
 
+SLACK_FILE_LIMIT = 1 << 30  # Slack's limit on an uploaded file
+REFUSED_UPLOAD = b"length mismatch or over the limit"
+
+
 def slack_answer(body: bytes, count: int) -> bytes:
     """What ``chat.postMessage`` answers: ok, the channel, and the new message's ts."""
     channel = json.loads(body).get("channel")
@@ -40,6 +45,7 @@ class Receiver:
         self.secret = secret
         self.script: list[tuple[int, dict[str, str], float]] = []
         self.requests: list[Received] = []
+        self.upload_length = -1  # what the last files.getUploadURLExternal announced
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -53,6 +59,9 @@ class Receiver:
                 answer = b"go away: token=hunter2secret" if status == 400 else b"ok"
                 if self.path.endswith("/chat.postMessage"):  # Slack's Web API, as a bot posts
                     answer = slack_answer(body, len(outer.requests))
+                elif "/files." in self.path or self.path.startswith("/upload/"):
+                    answer = outer.slack_upload(self.path, body)
+                    status = 400 if answer == REFUSED_UPLOAD else status
                 try:
                     self.send_response(status)
                     for name, value in extra.items():
@@ -73,6 +82,20 @@ class Receiver:
 
     def url(self, path: str = "/hook") -> str:
         return f"http://127.0.0.1:{self.port}{path}"
+
+    def slack_upload(self, path: str, body: bytes) -> bytes:
+        """Slack's upload API as a bot uses it: a URL for the file (its announced length
+        kept), the bytes posted there (refused when they are not that length or over Slack's
+        1 GB), then the share."""
+        if path.endswith("/files.getUploadURLExternal"):
+            form = urllib.parse.parse_qs(body.decode())
+            self.upload_length = int(form["length"][0])
+            url = self.url("/upload/F0TIMELINE")
+            return json.dumps({"ok": True, "upload_url": url, "file_id": "F0TIMELINE"}).encode()
+        if path.startswith("/upload/"):
+            ok = len(body) == self.upload_length and len(body) < SLACK_FILE_LIMIT
+            return b"OK - %d" % len(body) if ok else REFUSED_UPLOAD
+        return json.dumps({"ok": True, "files": [{"id": "F0TIMELINE"}]}).encode()
 
     def delivered_ids(self, path: str = "/hook") -> list[str]:
         return [r.headers["webhook-id"] for r in self.requests if r.path == path]

@@ -44,7 +44,16 @@ from areal_watchdog.common.roles import Identity, identify
 from areal_watchdog.config.areal import parse_allocation
 from areal_watchdog.config.load import load_config
 from areal_watchdog.launch.local import LocalBackend
-from conftest import REPO, Launcher, LaunchResult, processes_under, read_reports, suspected_looks
+from conftest import (
+    REPO,
+    Launcher,
+    LaunchResult,
+    culprit_rows,
+    processes_under,
+    read_reports,
+    suspected_looks,
+    timeline_of,
+)
 from slurm_cluster import wait_until
 
 AREAL = REPO / "examples" / "areal"
@@ -233,6 +242,9 @@ def test_single_controller_hang_names_the_rollout_worker(
     assert (culprit["role"], culprit["index"]) == ("rollout", 0)
     roles = by_role(report)
     assert culprit["pid"] == roles["rollout"][0]["pid"] and culprit["node"]
+    picture = timeline_of(report)
+    assert [row for row in culprit_rows(picture) if "rollout" in row], picture["rows"]
+    assert [look["kind"] for look in picture["looks"]][-1] == "hard limit"
     assert "The controller" in report["summary"] and "run_tool() at" in report["summary"]
     assert {"controller", "actor", "rollout", "eval-rollout", "inference_server"} <= set(roles)
     (actor,) = roles["actor"]
@@ -444,6 +456,8 @@ def test_spmd_wedged_server_is_named_and_a_dumped_step_replays_without_servers(
     assert report["ranks"][0]["rank"] == 0 and "inference_launcher" in roles
     assert report["summary"].startswith("Rank 0 is waiting for rollouts in prepare_batch()")
     record_evidence(report, "inference_wedged--areal-spmd", "rollout")
+    server_row = f"inference_server {server['address']}"
+    assert culprit_rows(timeline_of(report)) == [server_row]
     dumps = sorted(p.name for p in (result.run_dir / "debug_trajectories").glob("*.pt"))
     assert dumps == ["step_000000_dp_0.pt"]
     replayed, seen = replay_watched(result.run_dir, "--step", "0")

@@ -21,7 +21,7 @@ from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.evidence.model import BLOCKED, Evidence, Frame, RankEvidence, ThreadStack
 from areal_watchdog.notify.delivery import GRACE, delivery_id, flush, send
 from areal_watchdog.notify.envelope import ENVELOPE_SCHEMA, verify
-from areal_watchdog.notify.notifier import Notifier, render
+from areal_watchdog.notify.notifier import Notifier, Picture, render
 from areal_watchdog.notify.slack import MAX_GROUPS_SHOWN, build_slack_message, check_limits
 from areal_watchdog.notify.spool import Spool
 from areal_watchdog.report.build import IncidentContext, build_report
@@ -453,3 +453,30 @@ def test_a_slack_bot_posts_to_its_channel_and_slacks_refusal_in_a_200_is_no_deli
                     "c.yaml")  # fmt: skip
     with pytest.raises(ConfigError, match="use token_env"):
         parse_sinks([{"type": "slack", "token": "xoxb-1", "channel": "C"}], "c.yaml")
+
+
+def test_a_timeline_goes_into_the_reports_slack_thread_through_slacks_upload_api(
+    receiver: Receiver, report: dict, tmp_path: Path
+) -> None:
+    """The notifier posts the report, then the drawn picture: a URL from
+    ``files.getUploadURLExternal`` (the PNG's length announced), the bytes posted there, then
+    ``files.completeUploadExternal`` shares it as a reply to the report's first post."""
+    os.environ["TEST_SLACK_TOKEN"] = "xoxb-upload-token"
+    item = {"type": "slack", "token_env": "TEST_SLACK_TOKEN", "channel": "C0ALERTS",
+            "api_url": receiver.url("/api/chat.postMessage")}  # fmt: skip
+    notifier = Notifier(parse_sinks([item], "c.yaml"), tmp_path / "spool", Redactor(), print)
+    png = tmp_path / "timeline.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(5000))
+    notifier.submit(report)
+    notifier.submit_picture(Picture(report["incident_id"], png, "Timeline"))
+    notifier.close(timeout=20)
+    paths = [r.path for r in receiver.requests]
+    assert paths == ["/api/chat.postMessage", "/api/files.getUploadURLExternal",
+                     "/upload/F0TIMELINE", "/api/files.completeUploadExternal"]  # fmt: skip
+    assert receiver.requests[2].body == png.read_bytes()  # the announced length, all of it
+    share = receiver.requests[3].json()
+    assert share == {"channel_id": "C0ALERTS", "thread_ts": "1795600000.000001",
+                     "files": [{"id": "F0TIMELINE", "title": "Timeline"}]}  # fmt: skip
+    api = [r for r in receiver.requests if r.path.startswith("/api/")]
+    assert {r.headers["Authorization"] for r in api} == {"Bearer xoxb-upload-token"}
+    assert "Authorization" not in receiver.requests[2].headers  # never to the upload URL

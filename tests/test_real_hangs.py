@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import FAST, Launcher, read_reports, suspected_looks
+from conftest import FAST, Launcher, culprit_rows, read_reports, suspected_looks, timeline_of
 
 pytestmark = pytest.mark.slow
 
@@ -58,6 +58,10 @@ def test_hang_is_caught_and_classified(
     assert report["job"]["world_size"] == world
     assert {r["rank"] for r in report["ranks"]} == set(range(world))
     assert f"rank {culprit}" in report["summary"].lower()
+    picture = timeline_of(report)
+    assert culprit_rows(picture) == [f"rank {culprit}"] and picture["looks"]
+    silence = report["stalled_for_s"] or report["stall_threshold_s"]  # no step yet: start-up
+    assert picture["stall"]["to"] == silence or category == "rank_crashed"
     if category == "rank_crashed":
         assert result.returncode == 1
         assert report["trigger"] == "job_failed"
@@ -91,6 +95,9 @@ def test_mismatch_report_names_call_sites(launcher: Launcher) -> None:
     incident = result.run_dir / "incidents" / report["incident_id"]
     assert "collective_mismatch" in (incident / "report.md").read_text()
     assert "announce_metrics" in (incident / "stacks" / "rank_3.txt").read_text()
+    picture = timeline_of(report)
+    assert culprit_rows(picture) == ["rank 3"] and picture["stall"]["to"] >= 2 - 0.25
+    assert [look["kind"] for look in picture["looks"]][-1] in ("proof", "second look")
 
 
 def test_a_slow_phase_and_an_announced_pause_are_never_cancelled(launcher: Launcher) -> None:

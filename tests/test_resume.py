@@ -111,6 +111,12 @@ def test_a_transient_hang_is_resumed_from_the_checkpoint_and_the_job_completes(
     first_ts = f"1795600000.{receiver.requests.index(slack[0]) + 1:06d}"  # as Slack answered
     assert reply["thread_ts"] == first_ts
     assert f"resumed after incident {report['incident_id']}" in reply["text"]
+    (share,) = [
+        r.json() for r in receiver.requests if r.path.endswith("/files.completeUploadExternal")
+    ]
+    assert (share["channel_id"], share["thread_ts"]) == ("C0ALERTS", first_ts)  # the timeline
+    (png,) = [r.body for r in receiver.requests if r.path.startswith("/upload/")]
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) < 1_000_000
     stored = [p.read_bytes() for p in result.run_dir.rglob("*") if p.is_file()]
     assert SLACK_TOKEN not in result.output and not any(SLACK_TOKEN.encode() in b for b in stored)
     shown = status(result.run_dir)

@@ -106,7 +106,7 @@ def send(
                 headers.update(signature_headers(body, sink.secret, message_id, timestamp))
         wait = min(MAX_BACKOFF, spec.backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
         try:
-            response = _post_within(spec.timeout, sink.url, body, headers)
+            response = post_within(spec.timeout, sink.url, body, headers)
         except requests.RequestException as exc:
             outcome.error = redactor.scrub(f"{type(exc).__name__}: {exc}")[:300]
         else:
@@ -155,7 +155,7 @@ def _slack_answer(response: Any, redactor: Redactor) -> dict[str, str] | str:
 GRACE = 1.0  # seconds past a sink's timeout before an attempt is abandoned
 
 
-def _post_within(timeout: float, url: str, body: bytes, headers: dict[str, str]) -> Any:
+def post_within(timeout: float, url: str, body: bytes, headers: dict[str, str]) -> Any:
     """POST with ``timeout`` as a total deadline: requests' own timeout is per read, so a
     receiver that trickles one byte at a time would hold it forever. On the deadline the
     attempt's sockets are shut under the worker thread, which then ends too."""

@@ -8,6 +8,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from areal_watchdog.config.sinks import (
 from areal_watchdog.notify.delivery import deliver, delivery_id, flush
 from areal_watchdog.notify.envelope import build_envelope, encode
 from areal_watchdog.notify.slack import build_slack_message
+from areal_watchdog.notify.slack_upload import upload_picture
 from areal_watchdog.notify.spool import Spool
 
 
@@ -44,8 +46,18 @@ def resolve_all(specs: list[SinkSpec], log: Callable[[str], None]) -> list[Resol
     return resolved
 
 
+@dataclass(frozen=True)
+class Picture:
+    """An incident's timeline, drawn after its report was posted: it goes into the threads
+    that report started (Slack with a bot token)."""
+
+    incident_id: str
+    path: Path
+    title: str
+
+
 class Notifier:
-    """Queue reports; a worker thread renders, sends and spools them."""
+    """Queue reports (and their pictures); a worker thread renders, sends and spools them."""
 
     def __init__(
         self,
@@ -62,7 +74,7 @@ class Notifier:
         self.redactor = redactor.with_values(secret_values(specs))
         self.log = log
         self.spool_retry_interval = spool_retry_interval
-        self.queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=100)
+        self.queue: queue.Queue[dict[str, Any] | Picture | None] = queue.Queue(maxsize=100)
         self.last_flush = time.monotonic()
         self.thread = threading.Thread(target=self._work, name="areal-watchdog-notify", daemon=True)
         if specs:
@@ -78,6 +90,14 @@ class Notifier:
         except queue.Full:
             self.log("notification queue full: report kept on disk only")
 
+    def submit_picture(self, picture: Picture) -> None:
+        """Queue a drawn timeline for the threads its report started; returns at once."""
+        if any(spec.threads for spec in self.specs):
+            try:
+                self.queue.put_nowait(picture)
+            except queue.Full:
+                self.log(f"notification queue full: {picture.path} not uploaded")
+
     def close(self, timeout: float) -> None:
         """Finish what is queued within ``timeout``; anything left stays in the spool."""
         if not self.thread.is_alive():
@@ -89,13 +109,16 @@ class Notifier:
         while True:
             wait = max(0.1, self.spool_retry_interval - (time.monotonic() - self.last_flush))
             try:
-                report = self.queue.get(timeout=wait)
+                item = self.queue.get(timeout=wait)
             except queue.Empty:
                 self._guarded(self._flush_spool)
                 continue
-            if report is None:
+            if item is None:
                 return
-            self._guarded(self._deliver, report)
+            if isinstance(item, Picture):
+                self._guarded(self._upload, item)
+            else:
+                self._guarded(self._deliver, item)
 
     def _guarded(self, work: Callable[..., None], *args: Any) -> None:
         """Run one piece of work; an error is said and the thread keeps serving (a dead
@@ -131,6 +154,16 @@ class Notifier:
                     f"notification to {sink.spec.name} refused by the receiver "
                     f"({outcome.error}); not retried"
                 )
+
+    def _upload(self, picture: Picture) -> None:
+        """Into each thread the incident's report started (the ledger has its first post)."""
+        for sink in resolve_all([s for s in self.specs if s.threads], self.log):
+            thread = self.spool.thread_of(delivery_id(picture.incident_id, sink.spec))
+            if thread is None:
+                self.log(f"timeline to {sink.spec.name}: no thread (the report is not posted)")
+                continue
+            said = upload_picture(sink, thread, picture.path, picture.title, self.redactor)
+            self.log(f"timeline to {sink.spec.name}: {said}")
 
 
 def deliver_spooled(spool_dir: Path, log: Callable[[str], None]) -> tuple[int, int]:

@@ -33,8 +33,24 @@ def _server_lines(report: dict[str, Any]) -> list[str]:
 
 def render_markdown(report: dict[str, Any]) -> str:
     """A report a person reads first: verdict, groups, ranks, then where the files are."""
-    sections = (_header, _groups, _ranks, _workers, _server_lines, _collectives, _replay, _files)
+    sections = (_header, _timeline, _groups, _ranks, _workers, _server_lines, _collectives,
+                _replay, _files)  # fmt: skip
     return "\n".join(line for section in sections for line in section(report)) + "\n"
+
+
+TIMELINE_PENDING = (
+    "Timeline: being drawn, after the report was posted (`timeline.svg`, `timeline.png`, and its "
+    "data in `timeline.json`, beside this file)."
+)
+
+
+def _timeline(report: dict[str, Any]) -> list[str]:
+    """Where the picture goes: ``report/picture.py`` replaces the line once it is drawn (a
+    look nobody was paged for gets none)."""
+    confirmation = report.get("confirmation")
+    if isinstance(confirmation, dict) and confirmation.get("posted") is False:
+        return []
+    return ["", "## Timeline", "", TIMELINE_PENDING]
 
 
 def _header(report: dict[str, Any]) -> list[str]:

@@ -33,9 +33,15 @@ def status_lines(run_dir: Path, now: float) -> list[str]:
             f"  incident {report.get('incident_id')}: {report.get('category')}, culprit ranks "
             f"{_ranks(report.get('culprit_ranks'))}, nodes "
             f"{', '.join(map(str, nodes)) if isinstance(nodes, list) and nodes else '-'}"
-            f"{_decided(report.get('confirmation'))}"
+            f"{_decided(report.get('confirmation'))}{_picture(path.parent)}"
         )
     return lines
+
+
+def _picture(folder: Path) -> str:
+    """Where the incident's timeline is, once drawn."""
+    drawn = [folder / name for name in ("timeline.png", "timeline.svg") if (folder / name).exists()]
+    return f"; timeline {drawn[0]}" if drawn else ""
 
 
 def _decided(confirmation: object) -> str:
@@ -59,8 +65,30 @@ def _pace_lines(statuses: list[dict[str, Any]], now: float) -> list[str]:
     if pace is None or leader.get("state") != "watching":
         return []
     line, rows = answer(pace, now)
+    servers = _servers(statuses)
+    if servers:
+        line += f"; {servers[0]} of {servers[1]} inference servers generating"
+        rows.append(
+            ("servers", f"{servers[0]} of {servers[1]} generating, {servers[2]:g} tokens/s")
+        )
     width = max(len(name) for name, _ in rows)
     return [line, *(f"  {name.ljust(width)}  {value}" for name, value in rows)]
+
+
+def _servers(statuses: list[dict[str, Any]]) -> tuple[int, int, float] | None:
+    """The inference servers over every node: generating, found, tokens/s (their sidecars'
+    probes, ``watch/server_pulse.py``); None when no node found one. A damaged or forged
+    entry counts for nothing, never a traceback."""
+    generating = found = 0
+    rate = 0.0
+    for status in statuses:
+        entry = status.get("servers")
+        try:
+            numbers = (int(entry["generating"]), int(entry["of"]), float(entry["tokens_per_s"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+        generating, found, rate = generating + numbers[0], found + numbers[1], rate + numbers[2]
+    return (generating, found, round(rate, 1)) if found else None
 
 
 def _node_line(status: dict[str, Any], now: float) -> str:

@@ -37,6 +37,7 @@ def write_incident(
     redactor: Redactor,
     by_node: dict[str, list[dict[str, Any]]] | None = None,
     folder: str = "incidents",
+    history: dict[str, Any] | None = None,
 ) -> Path:
     """Write the incident directory; the report goes last so its presence means "complete".
     ``by_node``: every rank's entry, one file per node, when the report holds a few
@@ -58,6 +59,8 @@ def write_incident(
         list(pool.map(lambda file: write_text_in_place(*file, mode=file_mode), files))
     clean_evidence = redactor.scrub_tree(evidence.to_dict())
     write_json_atomic(incident_dir / "evidence.json", clean_evidence, mode=file_mode, compact=True)
+    if history is not None:
+        write_json_atomic(incident_dir / "history.json", history, mode=file_mode, compact=True)
     write_text_atomic(incident_dir / "report.md", render_markdown(report), mode=file_mode)
     write_json_atomic(incident_dir / "report.json", report, fsync=True, mode=file_mode)
     return incident_dir

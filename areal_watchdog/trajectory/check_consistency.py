@@ -26,7 +26,7 @@ from areal_watchdog.trajectory.consistency import (
     StepConsistency,
     compare_step,
 )
-from areal_watchdog.trajectory.consistency_plot import svg
+from areal_watchdog.trajectory.consistency_plot import draw
 from areal_watchdog.trajectory.format import DumpError, complete_steps
 from areal_watchdog.trajectory.greedy import GreedyPair, compare, dumped_prompts
 from areal_watchdog.trajectory.reader import load_global_batch
@@ -59,7 +59,9 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_THRESHOLD,
         help=f"a token diverges past this gap in nats (default {DEFAULT_THRESHOLD})",
     )
-    parser.add_argument("--plot", type=Path, help="where to write the SVG (default: in RUN_DIR)")
+    parser.add_argument(
+        "--plot", type=Path, help="where to draw the plot, .svg or .png (default: in RUN_DIR)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object per step")
     parser.add_argument(
         "--generate", type=int, metavar="N",
@@ -96,7 +98,7 @@ def cmd_check_consistency(argv: list[str], _watchdog: bool) -> int:
     results = [_check(recompute, dumps, step, args.threshold, limit) for step in steps]
     plot = args.plot or run_dir / "consistency" / f"steps-{format_ranks(steps)}.svg"
     plot.parent.mkdir(parents=True, exist_ok=True)
-    plot.write_text(svg(results, args.threshold))
+    not_drawn = draw(results, args.threshold, plot)
     pairs = _greedy(args, config.raw, recompute, dumps, steps[0]) if args.generate else []
     if args.json:
         for result in results:
@@ -105,7 +107,8 @@ def cmd_check_consistency(argv: list[str], _watchdog: bool) -> int:
             print(json.dumps({"greedy": [{**asdict(p), "parts_at": p.parts_at} for p in pairs]}))
     else:
         decode = _decoder(config.raw, args.weights)
-        print(_table(results, temperature, args.threshold, decode, plot, recompute.device_name))
+        shown = f"{plot} ({not_drawn})" if not_drawn else str(plot)
+        print(_table(results, temperature, args.threshold, decode, shown, recompute.device_name))
         if pairs:
             print("\n".join(_greedy_lines(pairs, args.server, decode)))
     return 1 if any(r.mean_abs > LARGE_MEAN_GAP for r in results) else 0
@@ -213,7 +216,7 @@ def _decoder(raw: dict[str, Any], weights: Path | None):
 
 
 def _table(results: list[StepConsistency], temperature: float, threshold: float, decode,
-           plot: Path, device: str) -> str:  # fmt: skip
+           plot: str, device: str) -> str:  # fmt: skip
     lines = [
         f"rollout consistency, temperature {temperature:g}, transformers on {device} (gaps in "
         "nats)",

@@ -30,10 +30,12 @@ from areal_watchdog.report.bound import split_ranks
 from areal_watchdog.report.build import IncidentContext, build_report, new_incident_id
 from areal_watchdog.report.write import prune_oldest, write_incident
 from areal_watchdog.rundir.hang_request import HangRequest
+from areal_watchdog.rundir.history import History
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import INCIDENTS, SUSPECTED
 from areal_watchdog.trajectory.format import complete_steps
 from areal_watchdog.watch.coordination import ENDED_STATES, Coordinator
+from areal_watchdog.watch.drawings import Drawings
 from areal_watchdog.watch.escalation import Escalation, Look, StallCase, summary_prefix
 from areal_watchdog.watch.node import NodeWatch
 from areal_watchdog.watch.progress import StallClock
@@ -114,6 +116,7 @@ class _Unwritten:
     redactor: Redactor
     by_node: dict[str, list[dict[str, Any]]]  # every rank's entry, when the report holds a few
     folder: str  # incidents, or suspected (not posted)
+    history: dict[str, Any] | None = None  # what the timeline is drawn from (posted ones)
 
 
 @dataclass
@@ -136,6 +139,8 @@ class Incidents(Escalation):
     case: StallCase | None = None  # a silence, followed until a step
     warned: set[tuple] = field(default_factory=set)  # damage already posted as a warning
     cancelling: bool = False
+    history: History = field(default_factory=History)  # the timeline's steps and GPU samples
+    drawings: Drawings | None = None  # the timelines being drawn
 
     def open(self, trigger: Trigger, statuses: dict, lost: tuple[str, ...] = ()) -> None:
         """Gather, classify, write, notify and act on one event (once across all leaders). A
@@ -200,7 +205,10 @@ class Incidents(Escalation):
             self.notifier.submit(report)  # first: a message needs no disk
         culprits = culprits_phrase(verdict.culprit_ranks, verdict.culprit_workers)
         verdict_line = f"{verdict.category}, {culprits}: {report['summary']}"
-        self.pending.append(_Unwritten(report, look.evidence, redactor, by_node, ctx.folder))
+        history = self.history.to_dict() if post else None
+        self.pending.append(
+            _Unwritten(report, look.evidence, redactor, by_node, ctx.folder, history)
+        )
         if not self.write_pending():
             self.say(f"verdict (report not on disk yet, retried every poll): {verdict_line}")
         if action.ends_job:  # whether or not the disk took the report
@@ -213,13 +221,16 @@ class Incidents(Escalation):
             item = self.pending[0]
             try:
                 path = write_incident(Path(self.info.run_dir), item.report, item.evidence,
-                                      item.redactor, item.by_node, item.folder)  # fmt: skip
+                                      item.redactor, item.by_node, item.folder,
+                                      item.history)  # fmt: skip
             except OSError as exc:
                 self.say(f"cannot write the incident report: {exc.strerror or exc}")
                 return False
             self.pending.pop(0)
             posted = item.folder == INCIDENTS
             (self.written if posted else self.suspected).append(path)
+            if posted and self.drawings is not None:
+                self.drawings.start(path)
             if not posted:
                 prune_oldest(path.parent, SUSPECTED_KEPT)
             report = item.report

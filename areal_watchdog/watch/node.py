@@ -18,6 +18,7 @@ from areal_watchdog.evidence.gpu import GpuBackend, IdleTracker, NoGpu
 from areal_watchdog.evidence.model import RankEvidence
 from areal_watchdog.evidence.rollout import gather_rollout
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.watch.server_pulse import ServerPulse
 
 DISCOVERY_EVERY = 10  # polls between full environment scans once all local ranks are known
 MIN_CPU_WINDOW = 0.2  # seconds of CPU accounting behind a utilisation figure
@@ -72,6 +73,7 @@ class NodeWatch:
     # it before it ends, so it is read once
     returned: dict[int, bool] = field(default_factory=dict)
     polls: int = 0
+    pulse: ServerPulse = field(default_factory=ServerPulse)  # do the servers here generate?
 
     @property
     def node(self) -> str:
@@ -101,6 +103,9 @@ class NodeWatch:
                 self.workers_gone[pid] = watched.proc
                 del self.workers[pid]
                 self.log(f"{watched.proc.label()} (pid {pid}) exited")
+        self.pulse.addresses = self.servers()
+        if self.pulse.addresses:
+            self.pulse.start()  # at the first server found here; once
 
     @staticmethod
     def _adopt(
@@ -204,4 +209,5 @@ class NodeWatch:
             "ranks_gone": sorted(self.gone),
             "ranks_done": sorted(self.finished_ranks()),
             "workers_alive": sorted(w.proc.label() for w in self.workers.values()),
+            "servers": self.pulse.summary(),
         }

@@ -30,11 +30,13 @@ from areal_watchdog.config.sinks import SinkSpec
 from areal_watchdog.evidence.discovery import Scope
 from areal_watchdog.evidence.gpu import GpuBackend, IdleTracker, NoGpu, open_backend
 from areal_watchdog.notify.notifier import Notifier
+from areal_watchdog.rundir.history import History
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_RAYLET
 from areal_watchdog.rundir.pace import Pace
 from areal_watchdog.rundir.secure import run_dir_owner
 from areal_watchdog.watch.coordination import Coordinator
+from areal_watchdog.watch.drawings import Drawings
 from areal_watchdog.watch.in_flight import InFlightSensor
 from areal_watchdog.watch.incident import Incidents, local_evidence
 from areal_watchdog.watch.job_end import JobEnd
@@ -104,7 +106,8 @@ class Sidecar(JobEnd, Leader, ProgressWatch):
         )  # fmt: skip
         self.incidents = Incidents(
             self.info, self.node, self.nodes, self.job_id, self.watch, self.coordinator,
-            self.clock, self.notifier, self.say,
+            self.clock, self.notifier, self.say, history=History(self.node),
+            drawings=Drawings(self.log, self.notifier.submit_picture),
         )  # fmt: skip
         self.in_flight = InFlightSensor(self.layout)
         self.statuses: dict[str, dict[str, Any]] = {}
@@ -174,6 +177,8 @@ class Sidecar(JobEnd, Leader, ProgressWatch):
             if self.stopping and not self.done:
                 with keeper.step():
                     self.guarded(lambda _now: self.on_job_ending(), time.time())
+        if self.incidents.drawings is not None:
+            self.incidents.drawings.wait()  # their pictures go out with what is queued
         self.notifier.close(timeout=NOTIFY_FINISH_TIMEOUT)
         return 0
 
@@ -225,6 +230,7 @@ class Sidecar(JobEnd, Leader, ProgressWatch):
         self.learn_step_time()
         self.watch.refresh(now)
         self.watch.sample_gpus(now)
+        self.remember(now)
         # The sensor reads a silence no look and no threshold took over yet: the leader each
         # poll, a follower when its status (which carries the reading) is due, so a follower's
         # file operations stay within its budget at 1,024 nodes (tests/test_scale_sidecars.py)
@@ -247,6 +253,14 @@ class Sidecar(JobEnd, Leader, ProgressWatch):
             self.finished() or time.monotonic() - (self.exited_at or 0) > FOLLOWER_LINGER
         ):
             self.done = True
+
+    def remember(self, now: float) -> None:
+        """The short history a timeline is drawn from; the drawings that ended are reaped."""
+        self.incidents.history.note_step(self.clock.last_step, self.clock.last_progress_at)
+        self.incidents.history.note_gpus(now, self.watch.gpus.last)
+        self.incidents.history.note_job_gpus(now, self.statuses.values())
+        if self.incidents.drawings is not None:
+            self.incidents.drawings.reap()
 
     def run_dir_present(self) -> bool:
         """Losing our own files (the run directory deleted) is our problem, not the job's:

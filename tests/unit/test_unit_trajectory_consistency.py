@@ -6,11 +6,19 @@ from __future__ import annotations
 
 import getpass
 import math
+import sys
 from pathlib import Path
 
+import pytest
 import torch
 
-from areal_watchdog.trajectory.consistency import SequenceTokens, compare_step, histogram
+from areal_watchdog.trajectory.consistency import (
+    SequenceTokens,
+    StepConsistency,
+    compare_step,
+    histogram,
+)
+from areal_watchdog.trajectory.consistency_plot import LABELS, draw
 from areal_watchdog.trajectory.greedy import dumped_prompts
 from areal_watchdog.trajectory.recompute import weights_of
 
@@ -107,3 +115,16 @@ def test_greedy_compares_distinct_prompts_and_no_more_than_the_step_holds() -> N
     batch = [group([1, 2]), group([1, 2]), group([3, 4, 5]), group([3, 4, 5])]
     assert dumped_prompts(batch, 4) == [[1, 2], [3, 4, 5]]
     assert dumped_prompts(batch, 1) == [[1, 2]]
+
+
+def test_the_plot_has_a_bar_per_bin_and_step_and_says_when_it_cannot_be_drawn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("matplotlib")
+    steps = [StepConsistency(s, 3, 0.1, 0.9, 0.0, 0.0, [1e-5, 0.2, 3.0]) for s in (0, 4)]
+    plot = tmp_path / "steps.svg"
+    assert draw(steps, 0.5, plot) is None
+    text = plot.read_text()
+    assert text.count('id="bin-0-') == text.count('id="bin-4-') == len(LABELS) == 8
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert "pip install 'areal-watchdog[plots]'" in (draw(steps, 0.5, tmp_path / "x.svg") or "")
