@@ -285,7 +285,8 @@ def run_scale_benchmarks(quick: bool = False) -> list:
     history_header = ("nodes x GPUs", "history at capacity", "its polls", "noting a poll")
     history_title = (
         "The timeline's history in the leading sidecar (steps, its node's GPUs, the job's GPUs "
-        "at work summed over every status; target: memory constant in the nodes)"
+        "at work summed over every status, a lane for each of the first 32 nodes; target: "
+        "memory constant in the nodes)"
     )
     return [(title, rows, header), (history_title, history, history_header)]
 
@@ -293,7 +294,9 @@ def run_scale_benchmarks(quick: bool = False) -> list:
 def _timeline_history(n_nodes: int, gpus: int = 8) -> tuple[str, ...]:
     """Fill the rings to capacity as a leader's polls would; its memory and a poll's cost."""
     samples = [GpuSample(i, f"GPU-{i}", 97.0, 1e3, 8e4, 600.0, 700.0) for i in range(gpus)]
-    statuses = [{"pace": {"gpus": gpus, "gpus_working": gpus}} for _ in range(n_nodes)]
+    use = {"utilization": 97.0, "power_w": 4800.0}
+    pace = {"gpus": gpus, "gpus_working": gpus}
+    statuses = [{"node": f"n{i:04d}", "pace": pace, "gpu_use": use} for i in range(n_nodes)]
     polls = max(STEPS_KEPT, GPU_SAMPLES_KEPT)
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]

@@ -16,7 +16,6 @@ import contextlib
 import socket
 import time
 from dataclasses import replace
-from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -30,7 +29,7 @@ from areal_watchdog.recover.checks import ENV_ATTEMPT, ENV_LAST_STEP
 from areal_watchdog.recover.notices import send_recovery
 from areal_watchdog.recover.policy import Decision, Hang, decide
 from areal_watchdog.recover.replay_decides import ReplayFinding, replay_decides
-from areal_watchdog.report.build import iso
+from areal_watchdog.report.build import iso, stamp
 from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.incidents import newest_report
 from areal_watchdog.rundir.layout import RunLayout
@@ -226,7 +225,7 @@ def _entry(
     """One hang's line in the record and its report's ``recovery`` section."""
     relaunch = time.time() + decision.backoff_s if decision.resume else None
     report = report or {}
-    stalled_since = _stamp(report.get("last_progress_at") or report.get("detected_at"))
+    stalled_since = stamp(report.get("last_progress_at") or report.get("detected_at"))
     lost = None if relaunch is None or stalled_since is None else round(relaunch - stalled_since, 1)
     return {
         "attempt": attempt,
@@ -240,15 +239,6 @@ def _entry(
         "relaunched_at": iso(relaunch),
         "time_lost_s": lost,
     }
-
-
-def _stamp(value: object) -> float | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        return None
 
 
 def _note_in_report(layout: RunLayout, report: dict[str, Any], section: dict[str, Any]) -> None:

@@ -66,6 +66,16 @@ def iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds")
 
 
+def stamp(value: object) -> float | None:
+    """A report's ISO time as Unix seconds (``iso``'s inverse); None for anything else."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
+
+
 def build_report(
     incident_id: str, verdict: Verdict, evidence: Evidence, ctx: IncidentContext
 ) -> dict[str, Any]:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from areal_watchdog.common.atomic import read_json, write_json_atomic, write_text_atomic
-from areal_watchdog.common.rankset import format_ranks
 from areal_watchdog.report.markdown import TIMELINE_PENDING
 from areal_watchdog.report.timeline import timeline
 from areal_watchdog.rundir.history import History
@@ -82,19 +81,20 @@ def draw(data: dict[str, Any], folder: Path) -> None:
     top = axes[0][0]
     _rows(top, data)
     for axis, unit in zip((a[0] for a in axes[1:]), units, strict=True):
-        for lane in (lane for lane in data["lanes"] if lane["unit"] == unit):
+        lanes = [lane for lane in data["lanes"] if lane["unit"] == unit]
+        for lane in lanes:
             xs, ys = zip(*lane["points"], strict=True) if lane["points"] else ((), ())
             axis.plot(xs, ys, marker="." if lane["kind"] == "server" else None, label=lane["name"])
         axis.set_ylabel(unit, fontsize=8)
-        axis.legend(fontsize=7, loc="upper left")
+        axis.legend(fontsize=6, loc="upper left", ncol=1 + len(lanes) // 8)
     for axis in (a[0] for a in axes):
         axis.axvspan(data["stall"]["from"], data["stall"]["to"], color="#d62728", alpha=0.08)
         for look in data["looks"]:
             axis.axvline(look["t"], color=LOOK_COLOURS.get(look["kind"]), linestyle="--", lw=1)
     axes[-1][0].set_xlabel(f"seconds from the {data['since']}")
     axes[-1][0].set_xlim(data["start"], data["end"])
-    culprits = format_ranks(data["culprit_ranks"]) or "none named"
-    figure.suptitle(f"{data['category']}: culprit ranks {culprits} (last step {data['last_step']})")
+    culprits = ", ".join(row["label"] for row in data["rows"] if row["culprit"]) or "none named"
+    figure.suptitle(f"{data['category']}: culprit {culprits} (last step {data['last_step']})")
     figure.tight_layout()
     figure.savefig(folder / "timeline.svg")
     figure.savefig(folder / "timeline.png", dpi=PNG_DPI)

@@ -8,10 +8,10 @@ GPUs of the leader's node (utilisation, power) and the inference servers the loo
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from areal_watchdog.common.rankset import format_ranks
+from areal_watchdog.report.build import stamp
 from areal_watchdog.rundir.history import History
 
 RANK_ROWS = 64  # more ranks than this: a row per group of ranks that behave alike
@@ -45,22 +45,13 @@ def timeline(report: dict[str, Any], history: History, earlier: list[dict[str, A
 def _origin(report: dict[str, Any], history: History) -> float:
     """When the last step was seen (the report's ``last_progress_at``); with no step yet, about
     the start (the look's time less its silence); else the history's last step."""
-    last = _when(report.get("last_progress_at"))
+    last = stamp(report.get("last_progress_at"))
     if last is not None:
         return last
-    detected = _when(report.get("detected_at"))
+    detected = stamp(report.get("detected_at"))
     if detected is not None:
         return detected - (_stalled(report) or 0.0)
     return history.steps[-1][0] if history.steps else 0.0
-
-
-def _when(value: object) -> float | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        return None
 
 
 def _looks(report: dict[str, Any], earlier: list[dict[str, Any]]) -> list[dict]:
@@ -180,7 +171,21 @@ def _gpu_lanes(history: History, origin: float, start: float) -> list[dict[str, 
         }  # fmt: skip
         for (index, what), points in sorted(lanes.items())
     ]
-    return _job_gpu_lane(history, origin, start) + own
+    return _job_gpu_lane(history, origin, start) + own + _node_lanes(history, origin, start)
+
+
+def _node_lanes(history: History, origin: float, start: float) -> list[dict[str, Any]]:
+    """Each other node's GPUs (mean utilisation, total power), as its status said each poll."""
+    lanes = []
+    for node, samples in sorted(history.nodes.items()):
+        if node == history.node and history.gpus:
+            continue  # drawn GPU by GPU above
+        shown = [(round(t - origin, 3), u, p) for t, u, p in samples if t - origin >= start]
+        for what, column in (("utilization %", 1), ("power W", 2)):
+            lanes.append({"name": f"node {node} GPUs {what}", "kind": "gpu",
+                          "unit": what.split()[-1],
+                          "points": [[s[0], s[column]] for s in shown]})  # fmt: skip
+    return lanes
 
 
 def _job_gpu_lane(history: History, origin: float, start: float) -> list[dict[str, Any]]:

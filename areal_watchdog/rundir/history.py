@@ -14,6 +14,8 @@ from typing import Any
 
 STEPS_KEPT = 512  # step ends: at sub-second steps, minutes of them; at 10 s steps, hours
 GPU_SAMPLES_KEPT = 900  # one a poll: 15 minutes at the shipped 1 s poll interval
+NODE_LANES = 32  # nodes drawn a lane each (the first by name); the job's sum covers them all
+NODE_SAMPLES_KEPT = 300  # a node's lane: 5 minutes at the shipped poll interval
 
 # one GPU at one poll: (index, utilisation %, power W or None, power limit W or None)
 GpuPoint = tuple[int, float, float | None, float | None]
@@ -32,6 +34,8 @@ class History:
     job_gpus: deque[tuple[float, int, int]] = field(
         default_factory=lambda: deque(maxlen=GPU_SAMPLES_KEPT)
     )
+    # each of the first NODE_LANES nodes: (time, mean utilisation %, total power W)
+    nodes: dict[str, deque[tuple[float, float, float]]] = field(default_factory=dict)
 
     def note_step(self, step: int | None, at: float) -> None:
         """A step the clock saw (once each, at the time it was seen)."""
@@ -45,14 +49,29 @@ class History:
             self.gpus.append((at, points))
 
     def note_job_gpus(self, at: float, statuses: Iterable[dict[str, Any]]) -> None:
-        """The job's GPUs at work across its nodes (a sum: one number a poll at any size)."""
+        """The job's GPUs at work across its nodes (a sum: one number a poll at any size), and
+        the first ``NODE_LANES`` nodes' use, a lane each."""
         working = total = 0
         for status in statuses:
             pace = status.get("pace") if isinstance(status.get("pace"), dict) else {}
             working += _count(pace.get("gpus_working"))
             total += _count(pace.get("gpus"))
+            self._note_node(at, status)
         if total:
             self.job_gpus.append((at, working, total))
+
+    def _note_node(self, at: float, status: dict[str, Any]) -> None:
+        use, node = status.get("gpu_use"), status.get("node")
+        if not isinstance(use, dict) or not isinstance(node, str):
+            return
+        utilization, power = use.get("utilization"), use.get("power_w")
+        if not (_number(utilization) and _number(power)):
+            return
+        if node not in self.nodes:
+            if len(self.nodes) >= NODE_LANES:
+                return
+            self.nodes[node] = deque(maxlen=NODE_SAMPLES_KEPT)
+        self.nodes[node].append((at, float(utilization), float(power)))  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -64,6 +83,10 @@ class History:
                 for i, u, p, limit in points
             ],
             "job_gpus": [{"t": t, "working": w, "of": n} for t, w, n in self.job_gpus],
+            "nodes": {
+                node: [{"t": t, "utilization": u, "power_w": p} for t, u, p in samples]
+                for node, samples in self.nodes.items()
+            },
         }
 
     @classmethod
@@ -89,6 +112,11 @@ class History:
             if _number(entry.get("t")) and _count(entry.get("of")):
                 history.job_gpus.append((float(entry["t"]), _count(entry.get("working")),
                                          _count(entry["of"])))  # fmt: skip
+        nodes = data.get("nodes") if isinstance(data.get("nodes"), dict) else {}
+        for node, samples in nodes.items():
+            for entry in _dicts(samples):
+                if _number(entry.get("t")):
+                    history._note_node(float(entry["t"]), {"node": str(node), "gpu_use": entry})
         return history
 
 

@@ -210,4 +210,15 @@ class NodeWatch:
             "ranks_done": sorted(self.finished_ranks()),
             "workers_alive": sorted(w.proc.label() for w in self.workers.values()),
             "servers": self.pulse.summary(),
+            "gpu_use": self.gpu_use(),
         }
+
+    def gpu_use(self) -> dict[str, float] | None:
+        """This node's job GPUs at the last sample: mean utilisation, total power (a lane of
+        the leader's timeline per node)."""
+        last = self.gpus.last
+        if not last:
+            return None
+        power = sum(g.power_w or 0.0 for g in last)
+        return {"utilization": round(sum(g.utilization for g in last) / len(last), 1),
+                "power_w": round(power, 1)}  # fmt: skip

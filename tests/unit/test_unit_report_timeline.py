@@ -15,7 +15,12 @@ from areal_watchdog.evidence.gpu import GpuSample
 from areal_watchdog.report.markdown import TIMELINE_PENDING
 from areal_watchdog.report.picture import main as picture_main
 from areal_watchdog.report.timeline import timeline
-from areal_watchdog.rundir.history import GPU_SAMPLES_KEPT, History
+from areal_watchdog.rundir.history import (
+    GPU_SAMPLES_KEPT,
+    NODE_LANES,
+    NODE_SAMPLES_KEPT,
+    History,
+)
 
 H200 = Path(__file__).resolve().parents[1] / "data" / "gpu" / "h200" / "nvml_samples.jsonl"
 LAST_STEP_AT = 1_800_000_000.0
@@ -167,6 +172,21 @@ def test_the_jobs_gpus_at_work_are_one_lane_summed_over_the_nodes_statuses() -> 
     (lane,) = timeline(report(), History.from_dict(kept.to_dict()), [])["lanes"][:1]
     assert lane["name"] == "GPUs working, all nodes (of 16)"
     assert lane["points"] == [[-1.0, 16.0], [2.0, 0.0]]
+
+
+def test_each_node_is_a_lane_up_to_a_bound_and_its_memory_stays_bounded() -> None:
+    kept = History("node00")
+    for poll in range(NODE_SAMPLES_KEPT + 5):
+        statuses = [{"node": f"node{n:02d}", "gpu_use": {"utilization": 90.0, "power_w": 4800.0}}
+                    for n in range(NODE_LANES + 8)]  # fmt: skip
+        kept.note_job_gpus(LAST_STEP_AT + 3 - (NODE_SAMPLES_KEPT + 4) + poll, statuses)
+    assert len(kept.nodes) == NODE_LANES
+    assert {len(samples) for samples in kept.nodes.values()} == {NODE_SAMPLES_KEPT}
+    lanes = timeline(report(), History.from_dict(kept.to_dict()), [])["lanes"]
+    names = [lane["name"] for lane in lanes if lane["name"].startswith("node ")]
+    assert "node node01 GPUs power W" in names and len(names) == 2 * NODE_LANES
+    node01 = next(lane for lane in lanes if lane["name"] == "node node01 GPUs utilization %")
+    assert node01["points"][0] == [-5.0, 90.0] and node01["points"][-1] == [3.0, 90.0]
 
 
 def test_with_no_step_yet_the_stall_runs_from_about_the_start_to_the_look() -> None:
