@@ -5,6 +5,7 @@ sidecar knows no backend."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from conftest import REPO
@@ -92,3 +93,19 @@ def module_imports(path: Path, modules: dict[str, Path]) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
     return found & modules.keys()
+
+
+def test_every_file_a_recipe_names_exists() -> None:
+    """docs/architecture.md's "Where a change belongs": each path a recipe names in backticks
+    (a module under ``areal_watchdog/``, a test, a fixture folder, a doc) is there, so a
+    recipe cannot name a module that was split or renamed."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    table = text.split("## Where a change belongs", 1)[1].split("\n## ", 1)[0]
+    named = {
+        token.split(" ")[0].rstrip("/").split("*")[0].rstrip("/")
+        for token in re.findall(r"`([^`]+)`", table)
+        if re.fullmatch(r"[\w./*-]+(/|\.py|\.json|\.md)?", token.split(" ")[0]) and "/" in token
+    }
+    roots = (REPO, REPO / "areal_watchdog", REPO / "docs")
+    missing = [p for p in sorted(named) if not any((root / p).exists() for root in roots)]
+    assert len(named) > 15 and not missing, missing
