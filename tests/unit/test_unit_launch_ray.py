@@ -286,3 +286,41 @@ def test_a_head_whose_job_agent_is_not_up_yet_is_asked_again(monkeypatch) -> Non
         assert len(head.posts) == 1
     finally:
         head.close()
+
+
+def test_the_own_cluster_is_up_only_once_every_raylet_joined() -> None:
+    """A head counting one node alive, then two (Ray's state API, ``/api/v0/nodes``): the
+    cluster waits for both, so AReaL's 30 s placement-group wait never meets a missing node."""
+    import http.server
+    import threading
+
+    from areal_watchdog.launch.ray.cluster import _joined
+
+    asked: list[int] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *_args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            asked.append(1)
+            nodes = [{"state": "ALIVE"}] * min(2, len(asked)) + [{"state": "DEAD"}]
+            body = json.dumps({"data": {"result": {"result": nodes}}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    raylet = sleeper(dict(os.environ))
+    try:
+        address = f"http://127.0.0.1:{server.server_port}"
+        assert _joined(address, 2, [raylet]) == 2 and len(asked) == 2
+        raylet.kill()
+        raylet.wait()
+        assert _joined(address, 3, [raylet]) == 0  # a raylet that ended: no wait at all
+    finally:
+        server.shutdown()
+        raylet.kill()
+        raylet.wait()

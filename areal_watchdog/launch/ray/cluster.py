@@ -14,6 +14,7 @@ removed once the cluster has stopped (``Raylets.stop``, or the guardian when the
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -107,7 +108,14 @@ class OwnCluster:
                 raylets.stop()
                 last = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
                 raise UserError(f"ray start of {name} failed ({log}): {last[0]}")
-        say(f"Ray cluster of {self.nodes} node(s) starting ({time.monotonic() - started:.0f} s): "
+        joined = _joined(self.address, self.nodes, raylets.procs)
+        if joined < self.nodes:
+            raylets.stop()
+            raise UserError(
+                f"Ray cluster: {joined} of {self.nodes} raylets joined within "
+                f"{START_TIMEOUT_S:g} s (their logs: {logs}/ray_start_*.log)"
+            )
+        say(f"Ray cluster of {self.nodes} node(s) up ({time.monotonic() - started:.0f} s): "
             f"{self.address}")  # fmt: skip
         return raylets
 
@@ -187,6 +195,22 @@ def _answers(address: str, proc: subprocess.Popen) -> bool:
                 return True
         time.sleep(0.5)
     return False
+
+
+def _joined(address: str, nodes: int, procs: list[subprocess.Popen]) -> int:
+    """How many raylets the head counts alive, once all of them are or ``START_TIMEOUT_S``
+    passed (or a ``ray start`` ended): a job submitted before its nodes joined asks for a
+    placement group the cluster cannot give yet (AReaL's Ray launcher waits 30 s for it)."""
+    deadline, alive = time.monotonic() + START_TIMEOUT_S, 0
+    while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            with urllib.request.urlopen(f"{address}/api/v0/nodes", timeout=5) as answer:
+                listed = json.loads(answer.read())["data"]["result"]["result"]
+            alive = sum(node.get("state") == "ALIVE" for node in listed)
+        if alive >= nodes:
+            return alive
+        time.sleep(0.5)
+    return alive
 
 
 def free_ports(count: int) -> list[int]:
