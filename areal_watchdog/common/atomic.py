@@ -34,13 +34,17 @@ def json_text(data: Any, compact: bool = False) -> str:
     return json.dumps(data, indent=1, sort_keys=True, default=str)
 
 
-def write_text_atomic(path: Path, text: str, fsync: bool = False, mode: int = PRIVATE) -> None:
-    """Write ``text`` to ``path`` through a private temporary file in the same directory."""
+def write_text_atomic(
+    path: Path, text: str | bytes, fsync: bool = False, mode: int = PRIVATE
+) -> None:
+    """Write ``text`` (or bytes: a picture) to ``path`` through a private temporary file in
+    the same directory; a link planted at ``path`` is replaced, never followed."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, PRIVATE)
+    data = text.encode("utf-8") if isinstance(text, str) else text
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             if fsync:
                 fh.flush()
                 os.fsync(fh.fileno())

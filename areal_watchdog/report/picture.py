@@ -9,6 +9,7 @@ place of its "being drawn" line."""
 
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ def main(argv: list[str]) -> int:
     data = timeline_of(folder)
     write_json_atomic(folder / "timeline.json", data, mode=mode)
     try:
-        draw(data, folder)
+        draw(data, folder, mode)
     except ImportError:
         line = NO_PLOTS.format(dir=folder)
     except Exception as exc:  # noqa: BLE001 - the report says why, the data stays
@@ -65,7 +66,7 @@ def timeline_of(folder: Path) -> dict[str, Any]:
     return timeline(report, history, [r for r in earlier if isinstance(r, dict)])
 
 
-def draw(data: dict[str, Any], folder: Path) -> None:
+def draw(data: dict[str, Any], folder: Path, mode: int = 0o600) -> None:
     """``timeline.svg`` and ``timeline.png``: the rank rows on top, a lane per unit below."""
     import matplotlib
 
@@ -96,8 +97,10 @@ def draw(data: dict[str, Any], folder: Path) -> None:
     culprits = ", ".join(row["label"] for row in data["rows"] if row["culprit"]) or "none named"
     figure.suptitle(f"{data['category']}: culprit {culprits} (last step {data['last_step']})")
     figure.tight_layout()
-    figure.savefig(folder / "timeline.svg")
-    figure.savefig(folder / "timeline.png", dpi=PNG_DPI)
+    for name, dpi in (("timeline.svg", None), ("timeline.png", PNG_DPI)):
+        picture = io.BytesIO()  # drawn in memory, then written as every file here is
+        figure.savefig(picture, format=name.rsplit(".", 1)[1], dpi=dpi)
+        write_text_atomic(folder / name, picture.getvalue(), mode=mode)
     plt.close(figure)
 
 

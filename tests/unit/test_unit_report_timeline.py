@@ -204,3 +204,18 @@ def test_a_folder_without_a_readable_report_is_one_line(
     (tmp_path / "report.json").write_text("{half")
     assert picture_main([str(tmp_path)]) == 2 and picture_main([]) == 2
     assert capsys.readouterr().err.startswith("usage: python -m areal_watchdog.report.picture")
+
+
+def test_a_link_planted_where_the_picture_goes_is_replaced_never_followed(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    incident = tmp_path / "incidents" / "x"
+    incident.mkdir(parents=True)
+    (incident / "report.json").write_text(json.dumps(report()))
+    (incident / "report.md").write_text(f"{TIMELINE_PENDING}\n")
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    for name in ("timeline.png", "timeline.svg", "timeline.json"):
+        (incident / name).symlink_to(victim)
+    assert picture_main([str(incident)]) == 0
+    assert victim.read_text() == "keep me"
+    assert not any((incident / n).is_symlink() for n in ("timeline.png", "timeline.svg"))
