@@ -31,11 +31,10 @@ from pathlib import Path
 from areal_watchdog.common.areal_version import installed_version
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.rankset import format_ranks, parse_ranks
-from areal_watchdog.common.redact import Redactor
+from areal_watchdog.config.keys import declared
 from areal_watchdog.config.load import load_config
-from areal_watchdog.config.model import HangAction, JobConfig
+from areal_watchdog.config.model import HangAction, JobConfig, WatchdogSection
 from areal_watchdog.config.preflight import preflight
-from areal_watchdog.config.sinks import SecretError, SinkSpec, resolve
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.diagnose.render import verdict_dict, verdict_text
 from areal_watchdog.doctor.command import cmd_doctor
@@ -44,14 +43,12 @@ from areal_watchdog.evidence import offline
 from areal_watchdog.launch.backend import backend_class, backend_names, resolve_target
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.local import LocalBackend
-from areal_watchdog.notify.delivery import delivery_id, send
-from areal_watchdog.notify.notifier import deliver_spooled, render, secret_values
+from areal_watchdog.notify.command import check_sinks, cmd_notify_test, config_sinks, flush_spool
+from areal_watchdog.notify.sinks.registry import key_lines
 from areal_watchdog.recover.checks import check_resumable, resume_notes, tokenizer_warning
 from areal_watchdog.recover.resume import recovery_lines, run_resuming
 from areal_watchdog.report.run_status import status_lines
-from areal_watchdog.report.sample import sample_report
 from areal_watchdog.rundir.layout import RunLayout
-from areal_watchdog.rundir.secure import check_run_dir, private_dir_problem
 from areal_watchdog.trajectory.replay_plan import ReplayRequest, plan_replay_config
 
 COMMANDS = (
@@ -59,6 +56,7 @@ COMMANDS = (
     "cancel",
     "replay",
     "notify-test",
+    "keys",
     "diagnose",
     "doctor",
     "check-consistency",
@@ -93,38 +91,6 @@ def _switches(parser: argparse.ArgumentParser, **helps: str) -> None:
         parser.add_argument(f"--{dest.replace('_', '-')}", action="store_true", help=text)
 
 
-def _sinks(config: JobConfig) -> list[SinkSpec]:
-    return [SinkSpec.from_dict(d) for d in config.watchdog.notify]
-
-
-def check_sinks(config: JobConfig) -> None:
-    """Refuse to start a watched job whose notification secrets cannot be read."""
-    for spec in _sinks(config):
-        try:
-            resolve(spec)
-        except SecretError as exc:
-            raise UserError(f"{config.source}: watchdog.notify: {exc}") from None
-
-
-def flush_spool(run_dir: str, log: Callable[[str], None] = print) -> None:
-    """Deliver notifications an earlier run could not send: only from a run directory of ours
-    and a spool nobody else could have written (we sign and send what it holds). A launch into
-    a directory that is not ours says why when it refuses it, right after."""
-    try:
-        spool = RunLayout(check_run_dir(Path(run_dir))).spool_dir
-    except UserError:
-        return
-    if not (spool.exists() or spool.is_symlink()):
-        return
-    problem = private_dir_problem(spool)
-    if problem:
-        log(f"[areal-launch] spool {spool} not flushed: {problem}")
-        return
-    sent, left = deliver_spooled(spool, log)
-    if sent or left:
-        log(f"[areal-launch] spooled notifications: {sent} delivered, {left} still pending")
-
-
 def run_preflight(config: JobConfig, watchdog: bool, ignore: bool) -> None:
     """Say every AReaL config trap; refuse to launch on a real one unless told to go on."""
     wd = config.watchdog
@@ -148,6 +114,7 @@ def cmd_launch(name: str, argv: list[str], watchdog: bool) -> int:
     kind.add_arguments(parser)
     args = parser.parse_intermixed_args(argv)
     config = load_config(args.config, args.overrides)
+    config_sinks(config)
     enabled = watchdog or args.watchdog or config.watchdog.enabled
     run_preflight(config, enabled, args.ignore_preflight)
     target = kind.from_args(args)
@@ -303,34 +270,17 @@ def cmd_replay(argv: list[str], _watchdog: bool) -> int:
     return local.execute(plan, sys.stdout)
 
 
-def cmd_notify_test(argv: list[str], _watchdog: bool) -> int:
+def cmd_keys(argv: list[str], _watchdog: bool) -> int:
     parser = argparse.ArgumentParser(
-        prog="areal-launch notify-test",
-        description="Send a realistic sample report to every sink in watchdog.notify.",
+        prog="areal-launch keys",
+        description="Every watchdog key: its type, default and meaning (docs/configuration.md), "
+        "and each sink type's keys (docs/notifications.md).",
     )
-    parser.add_argument("config")
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_intermixed_args(argv)
-    config = load_config(args.config, args.overrides)
-    specs = _sinks(config)
-    if not specs:
-        raise UserError(f"{config.source}: watchdog.notify lists no sink to test")
-    report = sample_report(config)
-    redactor = Redactor.from_environment(extra=secret_values(specs))
-    failures = 0
-    for spec in specs:
-        try:
-            sink = resolve(spec)
-        except SecretError as exc:
-            print(f"{spec.name} ({spec.type}): not sent: {exc}")
-            failures += 1
-            continue
-        outcome = send(
-            sink, render(spec, report), delivery_id(report["incident_id"], spec), redactor
-        )
-        print(f"{spec.name} ({spec.type}): {outcome.describe()}")
-        failures += not outcome.delivered
-    return ExitCode.JOB_FAILED if failures else ExitCode.OK
+    parser.add_argument("prefix", nargs="?", default="", help="only keys that start with this")
+    args = parser.parse_args(argv)
+    lines = [d.line() for d in declared(WatchdogSection, "watchdog")] + key_lines()
+    print("\n".join(line for line in lines if line.startswith(args.prefix)))
+    return ExitCode.OK
 
 
 def cmd_diagnose(argv: list[str], _watchdog: bool) -> int:
@@ -367,6 +317,7 @@ HANDLERS: dict[str, Callable[[list[str], bool], int]] = {
     "cancel": cmd_cancel,
     "replay": cmd_replay,
     "notify-test": cmd_notify_test,
+    "keys": cmd_keys,
     "diagnose": cmd_diagnose,
     "doctor": cmd_doctor,
     "check-consistency": cmd_check_consistency,

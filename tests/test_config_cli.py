@@ -264,7 +264,7 @@ def test_secrets_in_free_text_are_scrubbed(line: str, kept: str) -> None:
 
 def test_optional_values_default_to_none_not_an_empty_string(config_file: Path) -> None:
     config = load_config(config_file)
-    assert config.watchdog.gpu_recording is None and config.launch.config_arg == "--config"
+    assert config.watchdog.gpu.recording is None and config.launch.config_arg == "--config"
     assert load_config(config_file, ["+launch.config_arg=null"]).launch.config_arg is None
 
 

@@ -11,20 +11,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from synthetic import synthetic_report
 
 from areal_watchdog.cli import main
 from areal_watchdog.common.errors import ConfigError
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.config.load import load_config
-from areal_watchdog.config.sinks import SecretError, SinkSpec, parse_sinks, resolve
-from areal_watchdog.diagnose.classify import classify
-from areal_watchdog.evidence.model import BLOCKED, Evidence, Frame, RankEvidence, ThreadStack
+from areal_watchdog.config.sinks import SecretError, SinkSpec, resolve
 from areal_watchdog.notify.delivery import GRACE, delivery_id, flush, send
 from areal_watchdog.notify.envelope import ENVELOPE_SCHEMA, verify
 from areal_watchdog.notify.notifier import Notifier, Picture, render
+from areal_watchdog.notify.sinks.registry import parse as parse_sinks
 from areal_watchdog.notify.slack import MAX_GROUPS_SHOWN, build_slack_message, check_limits
 from areal_watchdog.notify.spool import Spool
-from areal_watchdog.report.build import IncidentContext, build_report
 from areal_watchdog.report.sample import sample_report
 from areal_watchdog.rundir.layout import RunLayout
 from conftest import DEMO_CONFIG
@@ -159,38 +158,6 @@ def test_receiver_that_never_answers_does_not_block(
     assert "ReadTimeout" in entry["last_error"]
 
 
-def synthetic_report(world: int, groups: int) -> dict:
-    torch_file = "/v/site-packages/torch/distributed/distributed_c10d.py"
-    ranks = []
-    for r in range(world):
-        site = max(0, r - (world - groups))  # one big group, then one group per outlier rank
-        frames = [
-            Frame("all_reduce", torch_file, 1),
-            Frame(f"layer_{site}_" + "x" * 80, "/proj/model/very/deep/module.py", 100 + site),
-            Frame("train_step", "/proj/train.py", 50),
-            Frame("main", "/proj/train.py", 9),
-        ]
-        ranks.append(
-            RankEvidence(
-                r, f"node{r // 8}", r, r % 8, BLOCKED, "py-spy", [ThreadStack("MainThread", frames)]
-            )
-        )
-    evidence = Evidence(world_size=world, ranks=ranks)
-    ctx = IncidentContext(
-        "slurm",
-        "rid",
-        "/runs/x",
-        world,
-        [f"node{i}" for i in range(world // 8)],
-        "exp",
-        "trial",
-        last_step=7,
-    )
-    return build_report(
-        "20261122T000000Z-collective_mismatch-abcd", classify(evidence), evidence, ctx
-    )
-
-
 @pytest.mark.parametrize(("world", "groups"), [(2, 2), (64, 5), (1024, 40)])
 def test_slack_message_stays_inside_limits(world: int, groups: int) -> None:
     report = synthetic_report(world, groups)
@@ -222,7 +189,7 @@ def test_secrets_never_sit_in_the_config(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="readable by others.*chmod 600"):
         resolve(spec)
     secret_file.chmod(0o600)
-    assert resolve(spec).url == "abcdefgh"
+    assert resolve(spec).values["url"] == "abcdefgh"
 
 
 def test_notify_test_command_reports_each_sink(

@@ -9,6 +9,7 @@ import signal
 import time
 
 import pytest
+from standins import ROUTING_KEY, StandIn
 
 from conftest import FAST, Launcher, culprit_rows, read_reports, suspected_looks, timeline_of
 
@@ -106,26 +107,37 @@ def test_a_slow_phase_and_an_announced_pause_are_never_cancelled(launcher: Launc
     nothing proves a hang: suspected (written, not posted), left to time, and the new step ends
     it. The checkpoint pause at step 3 (5 s) exceeds the
     threshold but is announced through areal_watchdog.expect_pause: no incident at all. After
-    the last step (``Step 4/4``) rank 0 saves for 5 s: teardown, no hang either."""
-    result = launcher.run(
-        [
-            *FAST,
-            "launch.nproc_per_node=2",
-            "demo.hang=none",
-            "demo.steps=4",
-            "demo.step_time=1.5",
-            "demo.slow_step=2",
-            "demo.slow_time=3",
-            "+watchdog.confirm_after=3",
-            "demo.pause_step=3",
-            "demo.pause_time=5",
-            "demo.teardown_time=5",
-        ]
+    the last step (``Step 4/4``) rank 0 saves for 5 s: teardown, no hang either. PagerDuty
+    hears nothing: a look that was not confirmed never pages."""
+    pagerduty = StandIn("pagerduty", ROUTING_KEY)
+    sink = (
+        f"{{type: pagerduty, routing_key_env: PD_KEY, api_url: '{pagerduty.url('/v2/enqueue')}'}}"
     )
+    try:
+        result = launcher.run(
+            [
+                *FAST,
+                f"+watchdog.notify=[{sink}]",
+                "launch.nproc_per_node=2",
+                "demo.hang=none",
+                "demo.steps=4",
+                "demo.step_time=1.5",
+                "demo.slow_step=2",
+                "demo.slow_time=3",
+                "+watchdog.confirm_after=3",
+                "demo.pause_step=3",
+                "demo.pause_time=5",
+                "demo.teardown_time=5",
+            ],
+            env={"PD_KEY": ROUTING_KEY},
+        )
+    finally:
+        pagerduty.close()
     assert result.returncode == 0, result.output[-3000:]
     assert "unknown suspected (culprit ranks none named): no stack tells a slow phase" in (
         result.output
     )
+    assert pagerduty.seen == []
     assert result.reports == []  # nobody is paged for a look that was not confirmed
     (report,) = suspected_looks(result.run_dir)
     assert report["action"] == "report" and report["confirmation"]["confirmed"] is False

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from standins import ROUTING_KEY, StandIn
 
 from areal_watchdog.recover.policy import Hang, decide
 from conftest import DEMO_CONFIG, FAST, REPO, Launcher
@@ -27,11 +28,13 @@ SECRET = "resume-signing-secret"
 SLACK_TOKEN = "xoxb-resume-test-bot-token"
 
 
-def notify(slack_api: str) -> str:
-    """A signed webhook and a Slack bot (a token and a channel: replies go in the thread)."""
+def notify(slack_api: str, pagerduty_api: str) -> str:
+    """A signed webhook, a Slack bot (a token and a channel: replies go in the thread) and
+    PagerDuty."""
     return (
         "+watchdog.notify=[{type: webhook, url_env: HOOK_URL, secret_env: HOOK_SECRET},"
-        f" {{type: slack, token_env: SLACK_TOKEN, channel: C0ALERTS, api_url: '{slack_api}'}}]"
+        f" {{type: slack, token_env: SLACK_TOKEN, channel: C0ALERTS, api_url: '{slack_api}'}},"
+        f" {{type: pagerduty, routing_key_env: PD_KEY, api_url: '{pagerduty_api}'}}]"
     )
 
 
@@ -77,17 +80,21 @@ def test_a_transient_hang_is_resumed_from_the_checkpoint_and_the_job_completes(
     launcher: Launcher, tmp_path: Path
 ) -> None:
     """Rank 2 freezes once (SIGSTOP) at step 4: reported, ended, started again after step 3;
-    the webhook hears the decision under the incident's id, Slack in the incident's thread."""
+    the webhook hears the decision under the incident's id, Slack in the incident's thread,
+    and PagerDuty's page is resolved once the resumed job moves."""
     checkpoint = tmp_path / "ckpt.json"
-    receiver = Receiver(SECRET)
-    env = {"HOOK_URL": receiver.url("/hook"), "HOOK_SECRET": SECRET, "SLACK_TOKEN": SLACK_TOKEN}
+    receiver, pagerduty = Receiver(SECRET), StandIn("pagerduty", ROUTING_KEY)
+    env = {"HOOK_URL": receiver.url("/hook"), "HOOK_SECRET": SECRET, "SLACK_TOKEN": SLACK_TOKEN,
+           "PD_KEY": ROUTING_KEY}  # fmt: skip
+    sinks = notify(receiver.url("/api/chat.postMessage"), pagerduty.url("/v2/enqueue"))
     try:
         result = launcher.run(
-            [*RESUME, notify(receiver.url("/api/chat.postMessage")), "demo.hang=collective_stuck",
-             "demo.hang_once=true", f"demo.checkpoint={checkpoint}"], trial="transient", env=env,
+            [*RESUME, sinks, "demo.hang=collective_stuck", "demo.hang_once=true",
+             f"demo.checkpoint={checkpoint}"], trial="transient", env=env,
         )  # fmt: skip
     finally:
         receiver.close()
+        pagerduty.close()
     assert result.returncode == 0, result.output[-4000:]
     assert "resume 1 of 3 after" in result.output
     assert "ckpt.json: 3 steps done" in result.output  # the script's own checkpoint
@@ -104,6 +111,9 @@ def test_a_transient_hang_is_resumed_from_the_checkpoint_and_the_job_completes(
         ("hang.recovery", report["incident_id"]),
     ]
     assert hooks[1]["recovery"] == report["recovery"]
+    pages = [(e["event_action"], e["dedup_key"]) for e in pagerduty.accepted]
+    assert pages == [("trigger", report["incident_id"]), ("resolve", report["incident_id"])]
+    assert [s.problems for s in pagerduty.seen] == [[], []]
     slack = [r for r in receiver.requests if r.path == "/api/chat.postMessage"]
     assert {r.headers["Authorization"] for r in slack} == {f"Bearer {SLACK_TOKEN}"}
     posted, reply = (r.json() for r in slack)

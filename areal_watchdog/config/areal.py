@@ -13,7 +13,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-LAUNCH_MODES = ("auto", "torchrun", "single_controller", "spmd")
 _IMPORTS_AREAL = re.compile(r"^\s*(?:from|import)\s+areal\b", re.M)
 _DIMENSION = re.compile(r"([dptce])(\d+)")
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import copy
 import sys
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
+
+from areal_watchdog.config.keys import Choice, key
 
 # AReaL's step line is ``... Epoch 1/1 Step 3/233 Train step 3/233 done.``: the last match on a
 # line wins, so the global "Train step" beats the epoch-local "Step"; ``total`` (optional) says
@@ -45,7 +46,7 @@ SLURM_KEYS = {
 }
 
 
-class HangAction(str, Enum):
+class HangAction(Choice):
     """What the watchdog does about a hang (``watchdog.on_hang``, report.json's ``action``, the
     sidecar's ``rundir.hang_request``). Defined with the config that names it; the records
     below it in the layers (rundir) take it from here."""
@@ -54,20 +55,46 @@ class HangAction(str, Enum):
     CANCEL = "cancel"  # post it and end the job
     RESUME = "resume"  # post it and end the job; the launcher replays the step, starts it again
 
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
-
     @property
     def ends_job(self) -> bool:
         return self is not HangAction.REPORT
 
 
+class StackMethod(Choice):
+    """How stacks are taken: py-spy, the ranks' own faulthandler dump, or py-spy first."""
+
+    AUTO = "auto"
+    PY_SPY = "py-spy"
+    FAULTHANDLER = "faulthandler"
+
+
+class GpuBackend(Choice):
+    """Where GPU samples come from."""
+
+    AUTO = "auto"
+    NVML = "nvml"
+    NVIDIA_SMI = "nvidia-smi"
+    RECORDED = "recorded"
+    NONE = "none"
+
+
+class ResumeAllocation(Choice):
+    """Where a resume runs on Slurm: a new job, or the allocation the job kept."""
+
+    NEW = "new"
+    SAME = "same"
+
+
+class LaunchMode(Choice):
+    """How the script runs (``config.areal.resolve_mode`` decides ``auto``)."""
+
+    AUTO = "auto"
+    TORCHRUN = "torchrun"
+    SINGLE_CONTROLLER = "single_controller"
+    SPMD = "spmd"
+
+
 ON_HANG_ACTIONS: tuple[str, ...] = tuple(a.value for a in HangAction)
-STACK_METHODS = ("auto", "py-spy", "faulthandler")
-GPU_BACKENDS = ("auto", "nvml", "nvidia-smi", "recorded", "none")
 
 
 @dataclass(frozen=True)
@@ -86,7 +113,7 @@ class LaunchSection:
     """How to start the training script."""
 
     entrypoint: str
-    mode: str = "auto"  # auto | torchrun | single_controller | spmd (config.areal)
+    mode: LaunchMode = LaunchMode.AUTO
     args: list[str] = field(default_factory=list)
     nproc_per_node: int = 1
     config_arg: str | None = "--config"
@@ -96,68 +123,107 @@ class LaunchSection:
     ray: RaySection = field(default_factory=RaySection)
     run_dir_mode: int = 0o700  # the run directory's permissions: nobody else may write there
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", LaunchMode(self.mode))
+
+
+@dataclass(frozen=True)
+class GpuSection:
+    """``watchdog.gpu``: the GPU monitor and the idle-GPU stall signal."""
+
+    backend: GpuBackend = key(GpuBackend.AUTO, "where GPU samples come from")
+    recording: str | None = key(None, "the recorded backend's file of samples")
+    idle_utilization: float = key(10.0, "percent of use at or under which a GPU is idle",
+                                  minimum=0.0)  # fmt: skip
+    spin_power_fraction: float = key(0.3, "a GPU under this share of its power limit is "
+                                     "spinning, not working", minimum=0.0)  # fmt: skip
+    idle_timeout: float = key(120.0, "seconds every GPU idle, with no step, before a look",
+                              minimum=0.1)  # fmt: skip
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "backend", GpuBackend(self.backend))
+
+
+@dataclass(frozen=True)
+class ResumeSection:
+    """``watchdog.resume``: how ``on_hang: resume`` relaunches."""
+
+    max_attempts: int = key(3, "resumes of one run, at most", minimum=1)
+    backoff: float = key(10.0, "seconds before the first resume, doubled for each next",
+                         minimum=0.0)  # fmt: skip
+    max_replays: int = key(6, "replays of one hang's step: the whole batch, then bisection",
+                           minimum=1)  # fmt: skip
+    allocation: ResumeAllocation = key(ResumeAllocation.NEW, "Slurm: resume in a new job or in "
+                                       "the allocation the job kept")  # fmt: skip
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "allocation", ResumeAllocation(self.allocation))
+
+
+@dataclass(frozen=True)
+class TrajectorySection:
+    """``watchdog.trajectory``: which steps are dumped for replay."""
+
+    enabled: bool = key(True, "dump every recorded step under --watchdog")
+    max_keep: int = key(5, "newest dumped steps kept per DP rank", minimum=0)
+    pin_steps: list[int] = key(doc="dumped steps never rotated away", factory=list)
+    dump_steps: list[int] | None = key(None, "only these steps are dumped", shown="all")
+
 
 @dataclass(frozen=True)
 class WatchdogSection:
     """How the sidecar decides that the job stalled and what it does then."""
 
-    enabled: bool = False
-    stall_timeout: float | None = None  # None means "auto": learned from the step intervals
-    startup_timeout: float = 1800.0
-    teardown_timeout: float = 300.0  # the least silence after the job's last step that is a hang
-    poll_interval: float = 1.0
-    step_regex: str = DEFAULT_STEP_REGEX
-    log_files: list[str] = field(default_factory=list)
-    on_hang: HangAction = HangAction.REPORT
-    auto_factor: float = 3.0  # auto: this many times the 99th percentile of the step intervals
-    auto_min_timeout: float = 5.0  # auto: never below this once learned
-    dump_timeout: float = 5.0
-    stack_method: str = "auto"
-    crash_grace: float = 10.0
-    flight_recorder: bool = True
-    gpu_backend: str = "auto"
-    gpu_recording: str | None = None
-    gpu_idle_utilization: float = 10.0
-    gpu_spin_power_fraction: float = 0.3
-    gpu_idle_timeout: float = 120.0
-    confirm_after: float | None = None  # the second look before on_hang=cancel (None: auto)
-    cancel_after: float | None = None  # no new step for this long ends the job (None: auto)
-    resume_max_attempts: int = 3  # on_hang=resume: relaunches of one run, at most
-    resume_backoff: float = 10.0  # seconds before the first relaunch, doubled for each next
-    resume_max_replays: int = 6  # replays of one hang's step: the whole batch, then bisection
-    resume_allocation: str = "new"  # Slurm: resume in a new allocation, or in the same one
-    node_timeout: float = 10.0
-    evidence_timeout: float = 10.0
-    debug_env: dict[str, str] = field(default_factory=dict)
-    notify: list[dict[str, Any]] = field(default_factory=list)  # SinkSpec dicts: no secrets
-    spool_retry_interval: float = 30.0
-    trajectory_dump: bool = True
-    trajectory_max_keep: int = 5
-    trajectory_pin_steps: list[int] = field(default_factory=list)
-    trajectory_dump_steps: list[int] | None = None
+    enabled: bool = key(False, "start the sidecar (same as --watchdog)")
+    stall_timeout: float | None = key(None, "seconds without a step before a look; auto: "
+                                      "learned from the step intervals", minimum=1e-9,
+                                      shown="auto", auto=True)  # fmt: skip
+    startup_timeout: float = key(1800.0, "the same before the first step", minimum=1e-9)
+    teardown_timeout: float = key(300.0, "the least silence after the job's last step that is "
+                                  "a hang", minimum=0.0)  # fmt: skip
+    auto_factor: float = key(3.0, "auto: this many times the 99th percentile of the step "
+                             "intervals", minimum=1.0)  # fmt: skip
+    auto_min_timeout: float = key(5.0, "auto: never below this once learned", minimum=0.0)
+    poll_interval: float = key(1.0, "seconds between two looks at logs and processes",
+                               minimum=0.05)  # fmt: skip
+    step_regex: str = key(DEFAULT_STEP_REGEX, "a step line; group 'step' is its number",
+                          shown="see below")  # fmt: skip
+    log_files: list[str] = key(doc="more log files to follow (globs)", factory=list)
+    on_hang: HangAction = key(HangAction.REPORT, "report, cancel or resume")
+    resume: ResumeSection = field(default_factory=ResumeSection)
+    stack_method: StackMethod = key(StackMethod.AUTO, "how stacks are taken")
+    dump_timeout: float = key(5.0, "seconds per stack dump, at most", minimum=0.1)
+    crash_grace: float = key(10.0, "seconds a dead rank may go unreported while its peers live",
+                             minimum=0.0)  # fmt: skip
+    debug_env: dict[str, str] = key(doc="variables exported to the ranks (null removes one)",
+                                    factory=dict, shown="see below")  # fmt: skip
+    notify: list[dict[str, Any]] = key(doc="notification sinks (SinkSpec dicts: no secrets)",
+                                       factory=list, kind="list of sinks")  # fmt: skip
+    spool_retry_interval: float = key(30.0, "seconds between retries of undelivered messages",
+                                      minimum=0.1)  # fmt: skip
+    flight_recorder: bool = key(True, "take every rank's Flight Recorder trace on a stall")
+    gpu: GpuSection = field(default_factory=GpuSection)
+    confirm_after: float | None = key(None, "seconds between the two looks before on_hang "
+                                      "runs; auto: half the threshold, 2 to 10 s", minimum=0.0,
+                                      shown="auto", auto=True)  # fmt: skip
+    cancel_after: float | None = key(None, "the hard limit: no step for this long runs "
+                                     "on_hang; auto: 5x the threshold", minimum=1e-9,
+                                     shown="auto", auto=True)  # fmt: skip
+    node_timeout: float = key(10.0, "seconds a node's status may stand still before it is lost",
+                              minimum=0.5)  # fmt: skip
+    evidence_timeout: float = key(10.0, "seconds the leader waits for the nodes' evidence",
+                                  minimum=0.1)  # fmt: skip
+    trajectory: TrajectorySection = field(default_factory=TrajectorySection)
 
     def __post_init__(self) -> None:
-        # read back from launch.json, the action is its plain value
+        # read back from launch.json: the choices are their plain values, sections dicts
         object.__setattr__(self, "on_hang", HangAction(self.on_hang))
-
-
-# watchdog.<section>.<key> in the YAML is the field <section>_<key>; the one exception:
-YAML_SECTIONS = ("gpu", "trajectory", "resume")
-YAML_NAMES = {"trajectory_dump": "trajectory.enabled"}
-
-
-def watchdog_keys() -> dict[str, set[str]]:
-    """The keys ``watchdog`` accepts, by section ("" for its own), derived from the fields of
-    ``WatchdogSection``: a new key is a new field."""
-    keys: dict[str, set[str]] = {"": set(YAML_SECTIONS), **{s: set() for s in YAML_SECTIONS}}
-    for name in WatchdogSection.__dataclass_fields__:
-        path = YAML_NAMES.get(name, name)
-        section, _, key = path.partition(".") if "." in path else path.partition("_")
-        if section in YAML_SECTIONS and key:
-            keys[section].add(key)
-        else:
-            keys[""].add(path)
-    return keys
+        object.__setattr__(self, "stack_method", StackMethod(self.stack_method))
+        for name, section in (("gpu", GpuSection), ("resume", ResumeSection),
+                              ("trajectory", TrajectorySection)):  # fmt: skip
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                object.__setattr__(self, name, section(**value))
 
 
 @dataclass(frozen=True)
@@ -199,7 +265,7 @@ class JobConfig:
             tree["trajectory_debug"] = {
                 **section,
                 "dump_rollout_data": True,
-                "max_keep": self.watchdog.trajectory_max_keep,
+                "max_keep": self.watchdog.trajectory.max_keep,
                 "path": str(self.trajectory_dir),
             }
         return tree

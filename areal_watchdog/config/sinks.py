@@ -1,8 +1,11 @@
-"""Notification sinks from ``watchdog.notify``: which receiver, and where its secrets live.
+"""Notification sinks from ``watchdog.notify``, in the shape every sink shares: its type and
+name, where its secrets live, how hard to try. What each type accepts beyond that (its secret
+fields, its options) the sink declares itself (``notify/sinks/``), and its registry checks it.
 
-Secrets never sit in the config: a sink names an environment variable (``*_env``) or a file
-(``*_file``, refused when group or others may read it). A ``SinkSpec`` holds only those names and
-is safe to write to disk; ``resolve`` reads the values when a request is about to be sent.
+Secrets never sit in the config: a sink names an environment variable (``<field>_env``) or a
+file (``<field>_file``, refused when group or others may read it). A ``SinkSpec`` holds only
+those names and is safe to write to disk; ``resolve`` reads the values when a request is about
+to be sent.
 """
 
 from __future__ import annotations
@@ -11,36 +14,29 @@ import base64
 import binascii
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 from areal_watchdog.common.plain_record import PlainRecord
 from areal_watchdog.config.checks import Checker, default
 
-SINK_TYPES = ("slack", "webhook")
-_SECRET_FIELDS = {"slack": ("webhook_url", "token"), "webhook": ("url", "secret")}
-_REQUIRED = {"slack": ("webhook_url",), "webhook": ("url",)}  # a Slack token stands for its URL
-SLACK_API = "https://slack.com/api/chat.postMessage"  # where a bot token posts (and threads)
+COMMON_KEYS = ("type", "name", "timeout", "max_attempts", "backoff")
+SOURCE_SUFFIXES = ("_env", "_file")
+MAX_ATTEMPTS = 100
 
 
 @dataclass(frozen=True)
 class SinkSpec(PlainRecord):
-    """One receiver; names of where its URL and secret come from, never the values."""
+    """One receiver: names of where its secrets come from (never the values), its options."""
 
     type: str
     name: str
     sources: dict[str, dict[str, str]]  # field -> {"env": NAME} or {"file": PATH}
+    options: dict[str, Any] = field(default_factory=dict)  # what the sink's own keys say
     timeout: float = 10.0
     max_attempts: int = 5
     backoff: float = 1.0
-    channel: str | None = None  # Slack with a bot token: where it posts
-    api_url: str = SLACK_API
-
-    @property
-    def threads(self) -> bool:
-        """A Slack bot token: follow-ups reply in the incident's thread."""
-        return self.type == "slack" and "token" in self.sources
 
     @property
     def key(self) -> str:
@@ -50,27 +46,25 @@ class SinkSpec(PlainRecord):
 
 @dataclass(frozen=True)
 class ResolvedSink:
-    """A sink with its URL (and signing secret) read from the environment or a file."""
+    """A sink with its secrets (URL, token, signing secret, routing key) read now."""
 
     spec: SinkSpec
-    url: str
-    secret: str | None = None
-    token: str | None = None  # a Slack bot token
+    values: dict[str, str]
 
     def secret_values(self) -> list[str]:
-        """Everything to redact: the URL, its path and query (tokens live there), the secret
-        and the token (a bot token's URL is Slack's public API: not a secret)."""
-        if self.token:
-            return [self.token]
-        parts = urlsplit(self.url)
-        return [v for v in (self.url, parts.path, parts.query, self.secret) if v and v != "/"]
-
-
-MAX_ATTEMPTS = 100
+        """Everything to redact: each value, and a URL's path and query (tokens live there)."""
+        found: list[str] = []
+        for value in self.values.values():
+            found.append(value)
+            parts = urlsplit(value)
+            if parts.scheme in ("http", "https"):
+                found += [v for v in (parts.path, parts.query) if v and v != "/"]
+        return found
 
 
 def parse_sinks(items: list[dict[str, Any]], source: str) -> list[SinkSpec]:
-    """Validate ``watchdog.notify``; raise ConfigError naming the entry and key."""
+    """The shape every sink shares, checked; raise ConfigError naming the entry and key. The
+    sink's own keys are checked by its registry (``notify.sinks.registry.checked``)."""
     check = Checker(source)
     specs = [_parse_sink(check, item, f"watchdog.notify[{i}]", i) for i, item in enumerate(items)]
     if len({s.name for s in specs}) != len(specs):
@@ -80,61 +74,38 @@ def parse_sinks(items: list[dict[str, Any]], source: str) -> list[SinkSpec]:
 
 def _parse_sink(check: Checker, item: dict[str, Any], where: str, index: int) -> SinkSpec:
     kind = item.get("type")
-    if kind not in SINK_TYPES:
-        raise check.fail(f"{where}.type", f"must be one of {', '.join(SINK_TYPES)}; got {kind!r}")
-    for field in _SECRET_FIELDS[kind]:
-        if field in item:
-            raise check.fail(
-                f"{where}.{field}",
-                f"secrets never sit in the config: "
-                f"use {field}_env (a variable name) or {field}_file (a path)",
-            )
-    known = {"type", "name", "timeout", "max_attempts", "backoff"}
-    known |= {f"{f}_{how}" for f in _SECRET_FIELDS[kind] for how in ("env", "file")}
-    known |= {"channel", "api_url"} if kind == "slack" else set()
-    check.known_keys(item, where, known)
-    sources = _sources(check, item, where, kind)
-    channel = check.optional_text(item, f"{where}.channel", None) if kind == "slack" else None
-    if "token" in sources and "webhook_url" in sources:
-        raise check.fail(f"{where}.token_env", "give a token or a webhook_url, not both")
-    if "token" in sources and not channel:
-        raise check.fail(f"{where}.channel", "is missing: a bot token posts to a channel (C0123)")
+    if not isinstance(kind, str) or not kind:
+        raise check.fail(f"{where}.type", f"is missing: name the sink's type; got {kind!r}")
     return SinkSpec(
         kind,
         check.text(item, f"{where}.name", default=f"{kind}-{index}") or f"{kind}-{index}",
-        sources,
+        _sources(check, item, where),
+        {k: v for k, v in item.items() if k not in COMMON_KEYS and not _is_source(k)},
         check.number(item, f"{where}.timeout", default(SinkSpec, "timeout"), minimum=1e-9),
         check.integer(
             item, f"{where}.max_attempts", default(SinkSpec, "max_attempts"), 1, MAX_ATTEMPTS
         ),
         check.number(item, f"{where}.backoff", default(SinkSpec, "backoff"), minimum=0.0),
-        channel,
-        check.text(item, f"{where}.api_url", default=SLACK_API) or SLACK_API,
     )
 
 
-def _sources(check: Checker, item: dict[str, Any], where: str, kind: str) -> dict[str, dict]:
+def _is_source(key: str) -> bool:
+    return key.endswith(SOURCE_SUFFIXES)
+
+
+def _sources(check: Checker, item: dict[str, Any], where: str) -> dict[str, dict[str, str]]:
     """Where each secret field is read from: ``{field: {"env": NAME} | {"file": PATH}}``."""
     sources: dict[str, dict[str, str]] = {}
-    for field in _SECRET_FIELDS[kind]:
-        env, path = item.get(f"{field}_env"), item.get(f"{field}_file")
-        if env and path:
-            raise check.fail(f"{where}.{field}_env", f"give {field}_env or {field}_file, not both")
-        if env:
-            sources[field] = {"env": str(env)}
-        elif path:
-            sources[field] = {"file": os.path.expanduser(str(path))}
-        elif field in _REQUIRED[kind] and not _has_token(item):
-            raise check.fail(
-                f"{where}.{field}_env",
-                f"is missing: name the variable "
-                f"(or {field}_file) that holds the {field.replace('_', ' ')}",
-            )
+    for key in sorted(k for k in item if _is_source(k)):
+        name, _, how = key.rpartition("_")
+        value = item[key]
+        if not isinstance(value, str) or not value:
+            what = "a variable" if how == "env" else "a file"
+            raise check.fail(f"{where}.{key}", f"must name {what}")
+        if name in sources:
+            raise check.fail(f"{where}.{name}_env", f"give {name}_env or {name}_file, not both")
+        sources[name] = {"env": value} if how == "env" else {"file": os.path.expanduser(value)}
     return sources
-
-
-def _has_token(item: dict[str, Any]) -> bool:
-    return bool(item.get("token_env") or item.get("token_file"))
 
 
 class SecretError(Exception):
@@ -142,33 +113,30 @@ class SecretError(Exception):
 
 
 def resolve(spec: SinkSpec, env: dict[str, str] | None = None) -> ResolvedSink:
-    """Read the sink's URL and secret now."""
+    """Read the sink's secrets now."""
     env = dict(os.environ) if env is None else env
     values: dict[str, str] = {}
-    for field, src in spec.sources.items():
+    for name, src in spec.sources.items():
         if "env" in src:
             value = env.get(src["env"], "")
             if not value:
                 raise SecretError(
-                    f"sink {spec.name}: environment variable {src['env']} ({field}) is not set"
+                    f"sink {spec.name}: environment variable {src['env']} ({name}) is not set"
                 )
         else:
-            value = _read_secret_file(src["file"], spec.name, field)
-        values[field] = value.strip()
-    token = values.get("token")
-    url = spec.api_url if token else values.get("webhook_url") or values.get("url") or ""
-    secret = values.get("secret")
-    if secret:
+            value = _read_secret_file(src["file"], spec.name, name)
+        values[name] = value.strip()
+    if values.get("secret"):
         try:
-            secret_key(secret)
+            secret_key(values["secret"])
         except ValueError as exc:
             raise SecretError(f"{spec.name}: {exc}") from None
-    return ResolvedSink(spec, url, secret, token)
+    return ResolvedSink(spec, values)
 
 
 def secret_values(specs: list[SinkSpec]) -> list[str]:
-    """The sinks' URLs and secrets, for redaction and masking (sinks that cannot be read now
-    are left out)."""
+    """The sinks' secrets, for redaction and masking (sinks that cannot be read now are left
+    out)."""
     values: list[str] = []
     for spec in specs:
         try:
@@ -178,14 +146,16 @@ def secret_values(specs: list[SinkSpec]) -> list[str]:
     return values
 
 
-def _read_secret_file(path: str, name: str, field: str) -> str:
+def _read_secret_file(path: str, name: str, field_name: str) -> str:
     try:
         info = os.stat(path)
     except OSError as exc:
-        raise SecretError(f"sink {name}: cannot read {field} file {path}: {exc.strerror}") from None
+        raise SecretError(
+            f"sink {name}: cannot read {field_name} file {path}: {exc.strerror}"
+        ) from None
     if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise SecretError(
-            f"sink {name}: {field} file {path} is readable by others "
+            f"sink {name}: {field_name} file {path} is readable by others "
             f"(mode {stat.filemode(info.st_mode)}); run chmod 600 {path}"
         )
     with open(path, encoding="utf-8") as fh:

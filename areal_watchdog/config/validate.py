@@ -11,24 +11,22 @@ from typing import Any
 
 import regex
 
-from areal_watchdog.config.areal import LAUNCH_MODES
 from areal_watchdog.config.checks import Checker, default
 from areal_watchdog.config.debug_env import DEFAULT_DEBUG_ENV
 from areal_watchdog.config.model import (
     DEFAULT_EXPERIMENT,
     DEFAULT_FILEROOT,
     DEFAULT_TRIAL,
-    GPU_BACKENDS,
     MAX_NPROC_PER_NODE,
-    ON_HANG_ACTIONS,
     SLURM_KEYS,
-    STACK_METHODS,
+    GpuBackend,
     JobConfig,
+    LaunchMode,
     LaunchSection,
     RaySection,
     WatchdogSection,
-    watchdog_keys,
 )
+from areal_watchdog.config.read import read_section
 from areal_watchdog.config.sinks import parse_sinks
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -37,23 +35,6 @@ LAUNCH_KEYS = {
     "ray", "run_dir_mode",
 }  # fmt: skip
 RAY_KEYS = {"address", "nodes", "cpus_per_node", "gpus_per_node"}
-_KEYS = watchdog_keys()
-WATCHDOG_KEYS, GPU_KEYS = _KEYS[""], _KEYS["gpu"]
-TRAJECTORY_KEYS, RESUME_KEYS = _KEYS["trajectory"], _KEYS["resume"]
-# watchdog.<key> (or watchdog.gpu.<key>) -> the smallest value that makes sense
-SECONDS = {
-    "startup_timeout": 1e-9,
-    "teardown_timeout": 0.0,
-    "poll_interval": 0.05,
-    "auto_factor": 1.0,
-    "auto_min_timeout": 0.0,
-    "dump_timeout": 0.1,
-    "crash_grace": 0.0,
-    "node_timeout": 0.5,
-    "evidence_timeout": 0.1,
-    "spool_retry_interval": 0.1,
-}
-GPU_NUMBERS = {"idle_utilization": 0.0, "spin_power_fraction": 0.0, "idle_timeout": 0.1}
 
 
 def validate(source: str, raw: dict[str, Any]) -> JobConfig:
@@ -119,7 +100,9 @@ def _launch(check: Checker, tree: dict[str, Any], n_gpus: int) -> LaunchSection:
     )
     return LaunchSection(
         entrypoint=entrypoint,
-        mode=check.choice(tree, "launch.mode", LAUNCH_MODES, default(LaunchSection, "mode")),
+        mode=check.choice(
+            tree, "launch.mode", tuple(m.value for m in LaunchMode), default(LaunchSection, "mode")
+        ),
         args=check.string_list(tree, "launch.args"),
         nproc_per_node=nproc,
         config_arg=check.optional_text(
@@ -166,140 +149,42 @@ def _run_dir_mode(check: Checker, tree: dict[str, Any]) -> int:
 
 
 def _watchdog(check: Checker, wd: dict[str, Any]) -> WatchdogSection:
-    check.known_keys(wd, "watchdog", WATCHDOG_KEYS)
-    gpu = check.section(wd, "watchdog.gpu")
-    check.known_keys(gpu, "watchdog.gpu", GPU_KEYS)
-    values: dict[str, Any] = {
-        name: check.number(wd, f"watchdog.{name}", default(WatchdogSection, name), minimum)
-        for name, minimum in SECONDS.items()
+    """Every key read as its field declares it (``config/keys.py``); a few need more."""
+    special = {
+        "watchdog.step_regex": _step_regex,
+        "watchdog.debug_env": _debug_env,
+        "watchdog.notify": _notify,
     }
-    values.update(
-        {
-            f"gpu_{name}": check.number(
-                gpu, f"watchdog.gpu.{name}", default(WatchdogSection, f"gpu_{name}"), minimum
-            )
-            for name, minimum in GPU_NUMBERS.items()
-        }
-    )
-    return WatchdogSection(
-        enabled=check.boolean(wd, "watchdog.enabled", default(WatchdogSection, "enabled")),
-        stall_timeout=_stall_timeout(check, wd),
-        confirm_after=_confirm_after(check, wd),
-        cancel_after=_cancel_after(check, wd),
-        step_regex=_step_regex(check, wd),
-        log_files=check.string_list(wd, "watchdog.log_files"),
-        on_hang=check.choice(
-            wd, "watchdog.on_hang", ON_HANG_ACTIONS, default(WatchdogSection, "on_hang")
-        ),
-        stack_method=check.choice(
-            wd, "watchdog.stack_method", STACK_METHODS, default(WatchdogSection, "stack_method")
-        ),
-        flight_recorder=check.boolean(
-            wd, "watchdog.flight_recorder", default(WatchdogSection, "flight_recorder")
-        ),
-        gpu_backend=check.choice(
-            gpu, "watchdog.gpu.backend", GPU_BACKENDS, default(WatchdogSection, "gpu_backend")
-        ),
-        gpu_recording=_gpu_recording(check, gpu),
-        debug_env=_debug_env(check, wd),
-        notify=[
-            s.to_dict()
-            for s in parse_sinks(check.mapping_list(wd, "watchdog.notify"), check.source)
-        ],
-        **_trajectory(check, check.section(wd, "watchdog.trajectory")),
-        **_resume(check, check.section(wd, "watchdog.resume")),
-        **values,
-    )
-
-
-def _stall_timeout(check: Checker, wd: dict[str, Any]) -> float | None:
-    """The stall threshold in seconds; absent or 'auto' (None): learned from the job's own step
-    intervals (``watch.progress.learned_threshold``)."""
-    if wd.get("stall_timeout", "auto") == "auto":
-        return None
-    return check.number(wd, "watchdog.stall_timeout", 0.0, minimum=1e-9, auto=True)
-
-
-def _confirm_after(check: Checker, wd: dict[str, Any]) -> float | None:
-    """Seconds to the second look before ``on_hang: cancel`` (0: none); absent or 'auto':
-    half the stall threshold, between 2 and 10 s."""
-    if wd.get("confirm_after", "auto") == "auto":
-        return None
-    return check.number(wd, "watchdog.confirm_after", 0.0, minimum=0.0, auto=True)
-
-
-def _cancel_after(check: Checker, wd: dict[str, Any]) -> float | None:
-    """The hard limit: no new step for this many seconds runs ``on_hang`` whatever moved;
-    absent or 'auto': ``escalation.CANCEL_AFTER_FACTOR`` times the stall threshold or the
-    longest step interval seen."""
-    if wd.get("cancel_after", "auto") == "auto":
-        return None
-    return check.number(wd, "watchdog.cancel_after", 0.0, minimum=1e-9, auto=True)
-
-
-def _step_regex(check: Checker, wd: dict[str, Any]) -> str:
-    pattern = check.text(wd, "watchdog.step_regex", default(WatchdogSection, "step_regex"))
-    try:
-        compiled = regex.compile(pattern)  # the engine the sidecar matches with
-    except (regex.error, TypeError) as exc:
-        raise check.fail(
-            "watchdog.step_regex", f"is not a valid regular expression: {exc}"
-        ) from None
-    if compiled.groups < 1:
-        raise check.fail("watchdog.step_regex", "needs a group that captures the step number")
-    return pattern
-
-
-def _gpu_recording(check: Checker, gpu: dict[str, Any]) -> str | None:
-    recording = check.optional_text(gpu, "watchdog.gpu.recording", default=None)
-    if gpu.get("backend") == "recorded" and not recording:
+    section = read_section(check, wd, "watchdog", WatchdogSection, special)
+    if section.gpu.backend is GpuBackend.RECORDED and not section.gpu.recording:
         raise check.fail(
             "watchdog.gpu.recording", "is missing: the recorded backend replays a file of samples"
         )
-    return recording
+    return section
 
 
-def _debug_env(check: Checker, wd: dict[str, Any]) -> dict[str, str]:
+def _notify(check: Checker, wd: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """The shape every sink shares; each sink's own keys are its registry's to check."""
+    return [s.to_dict() for s in parse_sinks(check.mapping_list(wd, key), check.source)]
+
+
+def _step_regex(check: Checker, wd: dict[str, Any], key: str) -> str:
+    pattern = check.text(wd, key, default(WatchdogSection, "step_regex"))
+    try:
+        compiled = regex.compile(pattern)  # the engine the sidecar matches with
+    except (regex.error, TypeError) as exc:
+        raise check.fail(key, f"is not a valid regular expression: {exc}") from None
+    if compiled.groups < 1:
+        raise check.fail(key, "needs a group that captures the step number")
+    return pattern
+
+
+def _debug_env(check: Checker, wd: dict[str, Any], key: str) -> dict[str, str]:
     """AReaL's debug variables, with the config's additions; null or false removes one."""
     env = dict(DEFAULT_DEBUG_ENV)
-    for name, value in check.section(wd, "watchdog.debug_env").items():
+    for name, value in check.section(wd, key).items():
         if value is None or value is False:
             env.pop(str(name), None)
         else:
             env[str(name)] = str(value)
     return env
-
-
-def _trajectory(check: Checker, tree: dict[str, Any]) -> dict[str, Any]:
-    check.known_keys(tree, "watchdog.trajectory", TRAJECTORY_KEYS)
-    dump_steps = tree.get("dump_steps")
-    return {
-        "trajectory_dump": check.boolean(
-            tree, "watchdog.trajectory.enabled", default(WatchdogSection, "trajectory_dump")
-        ),
-        "trajectory_max_keep": check.integer(
-            tree, "watchdog.trajectory.max_keep", default(WatchdogSection, "trajectory_max_keep"), 0
-        ),
-        "trajectory_pin_steps": check.int_list(tree, "watchdog.trajectory.pin_steps"),
-        "trajectory_dump_steps": None
-        if dump_steps is None
-        else check.int_list(tree, "watchdog.trajectory.dump_steps"),
-    }
-
-
-def _resume(check: Checker, tree: dict[str, Any]) -> dict[str, Any]:
-    check.known_keys(tree, "watchdog.resume", RESUME_KEYS)
-    return {
-        "resume_max_attempts": check.integer(
-            tree, "watchdog.resume.max_attempts", default(WatchdogSection, "resume_max_attempts"), 1
-        ),
-        "resume_backoff": check.number(
-            tree, "watchdog.resume.backoff", default(WatchdogSection, "resume_backoff"), 0.0
-        ),
-        "resume_max_replays": check.integer(
-            tree, "watchdog.resume.max_replays", default(WatchdogSection, "resume_max_replays"), 1
-        ),
-        "resume_allocation": check.choice(
-            tree, "watchdog.resume.allocation", ("new", "same"), "new"
-        ),
-    }

@@ -39,6 +39,7 @@ class HangKind:
     proof: bool = False
     time_decides: bool = False
     damage: bool = False
+    failure: bool = False  # the job failed, nothing hung (a webhook's ``job.failed``)
     stacks: bool = False  # a category the stacks decide (the collective record may overrule)
 
 
@@ -50,7 +51,7 @@ CATEGORIES: tuple[HangKind, ...] = (
     HangKind("dataloader_stall", "The data loader stalled", stacks=True),
     HangKind("init_deadlock", "Ranks deadlocked in initialisation"),
     HangKind("p2p_mismatch", "Point-to-point sends and receives do not match", stacks=True),
-    HangKind("rank_crashed", "A rank crashed", proof=True),
+    HangKind("rank_crashed", "A rank crashed", proof=True, failure=True),
     HangKind("node_lost", "A node was lost", proof=True),
     HangKind("rollout_stalled", "Rollouts stalled"),
     HangKind("weight_sync_stuck", "A weight update never completed"),

@@ -20,6 +20,7 @@ from areal_watchdog.doctor.filesystem import existing_ancestor
 from areal_watchdog.doctor.model import PASS, Check, NodeSpec, failed
 from areal_watchdog.doctor.node import run_node
 from areal_watchdog.doctor.render import merge, render
+from areal_watchdog.notify.sinks.registry import checked
 
 
 def spec_from(config: JobConfig | None) -> NodeSpec:
@@ -30,8 +31,8 @@ def spec_from(config: JobConfig | None) -> NodeSpec:
     return NodeSpec(
         config.launch.python,
         config.fileroot,
-        wd.gpu_backend,
-        wd.gpu_recording,
+        wd.gpu.backend,
+        wd.gpu.recording,
         config.n_gpus_per_node,
         dict(wd.debug_env),
         wd.flight_recorder,
@@ -68,6 +69,8 @@ def cmd_doctor(argv: list[str], _watchdog: bool) -> int:
     if args.overrides and args.config is None:
         raise UserError("doctor: overrides need a CONFIG before them")
     config = load_config(args.config, args.overrides) if args.config else None
+    if config is not None:
+        checked(config.watchdog.notify, config.source)
     spec = spec_from(config)
     if args.slurm and not slurm.in_allocation():
         raise UserError(

@@ -16,6 +16,7 @@ from requests.utils import get_environ_proxies
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.config.sinks import SecretError, SinkSpec, resolve
 from areal_watchdog.doctor.model import FAIL, PASS, Check
+from areal_watchdog.notify.sinks.registry import UnknownSink, sink_for
 
 TIMEOUT = 5.0
 SECRET_FIX = "export the variable, or chmod 600 the file, that watchdog.notify names"
@@ -29,13 +30,19 @@ def check_sinks(notify: list[dict[str, Any]]) -> list[Check]:
 
 
 def check_sink(spec: SinkSpec) -> Check:
-    name = f"notify {spec.name}"
+    """Whichever the sink's type: its secrets read, and its endpoint (the sink says where)
+    reached."""
+    name = f"notify {spec.name} ({spec.type})"
+    try:
+        kind = sink_for(spec)
+    except UnknownSink as exc:
+        return Check(name, FAIL, str(exc), "install the package that provides it")
     try:
         sink = resolve(spec)
     except SecretError as exc:
         return Check(name, FAIL, str(Redactor.from_environment().scrub(str(exc))), SECRET_FIX)
     redactor = Redactor.from_environment(extra=sink.secret_values())
-    found = reach(sink.url)
+    found = reach(kind.endpoint(sink.values))
     return Check(name, found.status, redactor.scrub(found.detail), redactor.scrub(found.fix))
 
 

@@ -55,12 +55,12 @@ def _watch_environment(config: JobConfig, layout: RunLayout, run_id: str) -> dic
     )
     if wd.flight_recorder:
         env[ENV_FLIGHT_RECORDER] = "1"
-    if wd.trajectory_dump:
+    if wd.trajectory.enabled:
         env[trajectory.ENV_DIR] = str(config.trajectory_dir)
-        env[trajectory.ENV_MAX_KEEP] = str(wd.trajectory_max_keep)
-        env[trajectory.ENV_PIN_STEPS] = ",".join(map(str, wd.trajectory_pin_steps))
-        if wd.trajectory_dump_steps is not None:
-            env[trajectory.ENV_DUMP_STEPS] = ",".join(map(str, wd.trajectory_dump_steps))
+        env[trajectory.ENV_MAX_KEEP] = str(wd.trajectory.max_keep)
+        env[trajectory.ENV_PIN_STEPS] = ",".join(map(str, wd.trajectory.pin_steps))
+        if wd.trajectory.dump_steps is not None:
+            env[trajectory.ENV_DUMP_STEPS] = ",".join(map(str, wd.trajectory.dump_steps))
     return env
 
 
@@ -88,7 +88,7 @@ def launch_files(
     already edited for AReaL), and the whole resolved config (our sections included) from which
     ``areal-launch replay`` starts again."""
     layout = info.layout
-    dumping = watchdog and config.watchdog.trajectory_dump
+    dumping = watchdog and config.watchdog.trajectory.enabled
     job_tree = tree if tree is not None else config.job_tree(dumping)
     return {
         str(layout.launch_file): json.dumps(info.to_dict(), indent=1, sort_keys=True),

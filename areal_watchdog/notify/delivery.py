@@ -24,12 +24,11 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.config.sinks import ResolvedSink, SecretError, SinkSpec, resolve
-from areal_watchdog.notify.envelope import signature_headers
+from areal_watchdog.notify.sinks.registry import sink_for
 from areal_watchdog.notify.spool import Spool
 
 MAX_RETRY_AFTER = 120.0  # seconds: a longer Retry-After goes to the spool instead
 MAX_BACKOFF = 30.0
-SLACK_MIN_INTERVAL = 1.1  # seconds between two messages to one Slack webhook
 
 
 @dataclass
@@ -42,7 +41,7 @@ class Outcome:
     error: str = ""
     retryable: bool = True
     seconds: float = 0.0
-    thread: dict[str, str] | None = None  # Slack with a bot token: the post's channel and ts
+    thread: dict[str, str] | None = None  # a post that starts a thread (Slack with a token)
 
     def describe(self) -> str:
         if self.delivered:
@@ -60,7 +59,8 @@ def delivery_id(incident_id: str, sink: SinkSpec) -> str:
 
 
 class _Pacer:
-    """At most one message per interval per Slack webhook, shared by every sender thread."""
+    """At most one message per interval per endpoint (the receiver's rate limit), shared by
+    every sender thread."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -84,72 +84,51 @@ def send(
     redactor: Redactor,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Outcome:
-    """POST ``body`` until it is delivered, refused, or the attempts run out."""
+    """POST ``body`` until it is delivered, refused, or the attempts run out; each attempt is
+    made (signed, keyed) by the sink."""
     spec = sink.spec
+    kind = sink_for(spec)
     started = time.monotonic()
     outcome = Outcome(False, 0)
     for attempt in range(1, spec.max_attempts + 1):
         outcome.attempts = attempt
-        if spec.type == "slack":
-            PACER.wait(sink.url, SLACK_MIN_INTERVAL)
-        headers = {
-            "Content-Type": "application/json",
-            "User-Agent": "areal-watchdog",
-            "webhook-id": message_id,
-        }
-        if sink.token:
-            headers["Authorization"] = f"Bearer {sink.token}"
-        if spec.type == "webhook":
-            timestamp = int(time.time())
-            headers["webhook-timestamp"] = str(timestamp)
-            if sink.secret:
-                headers.update(signature_headers(body, sink.secret, message_id, timestamp))
+        if kind.pace:
+            PACER.wait(f"{spec.type}|{kind.endpoint(sink.values)}", kind.pace)
+        request = kind.request(sink.values, body, message_id, time.time())
+        headers = {"Content-Type": "application/json", "User-Agent": "areal-watchdog",
+                   "webhook-id": message_id, **request.headers}  # fmt: skip
         wait = min(MAX_BACKOFF, spec.backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
         try:
-            response = post_within(spec.timeout, sink.url, body, headers)
+            response = post_within(spec.timeout, request.url, request.body, headers)
         except requests.RequestException as exc:
             outcome.error = redactor.scrub(f"{type(exc).__name__}: {exc}")[:300]
         else:
             outcome.status = response.status_code
-            if 200 <= response.status_code < 300 and sink.token:
-                answer = _slack_answer(response, redactor)
-                if isinstance(answer, dict):
-                    outcome.delivered, outcome.thread = True, answer
+            if 200 <= response.status_code < 300:
+                answer = kind.answer(response.text)
+                outcome.delivered, outcome.thread = answer.delivered, answer.thread
+                if answer.delivered:
                     break
-                outcome.error, outcome.retryable = answer, answer.endswith("ratelimited")
+                outcome.error = redactor.scrub(answer.error)[:300]
+                outcome.retryable = answer.retryable
                 if not outcome.retryable:
                     break
-            elif 200 <= response.status_code < 300:
-                outcome.delivered = True
-                break
-            detail = redactor.scrub(response.text.strip().replace("\n", " "))[:300]
-            outcome.error = f"HTTP {response.status_code}: {detail}"
-            if response.status_code == 429:
-                retry_after = _retry_after(response.headers.get("Retry-After"))
-                if retry_after is not None:
-                    if retry_after > MAX_RETRY_AFTER:
-                        break
-                    wait = retry_after + random.uniform(0.0, 0.25)  # never earlier than asked
-            elif not (response.status_code == 408 or response.status_code >= 500):
-                outcome.retryable = False
-                break
+            else:
+                detail = redactor.scrub(response.text.strip().replace("\n", " "))[:300]
+                outcome.error = f"HTTP {response.status_code}: {detail}"
+                if response.status_code == 429:
+                    retry_after = _retry_after(response.headers.get("Retry-After"))
+                    if retry_after is not None:
+                        if retry_after > MAX_RETRY_AFTER:
+                            break
+                        wait = retry_after + random.uniform(0.0, 0.25)  # never earlier than asked
+                elif not (response.status_code == 408 or response.status_code >= 500):
+                    outcome.retryable = False
+                    break
         if attempt < spec.max_attempts:
             sleep(wait)
     outcome.seconds = time.monotonic() - started
     return outcome
-
-
-def _slack_answer(response: Any, redactor: Redactor) -> dict[str, str] | str:
-    """Slack's Web API answers 200 to a refusal too: the post's channel and ts, or the error."""
-    try:
-        answer = response.json()
-    except ValueError:
-        answer = None
-    if not isinstance(answer, dict):
-        return "Slack API: the answer is not JSON"
-    if answer.get("ok") is True and isinstance(answer.get("ts"), str):
-        return {"channel": str(answer.get("channel") or ""), "ts": answer["ts"]}
-    return f"Slack API: {redactor.scrub(str(answer.get('error') or 'not ok'))[:200]}"
 
 
 GRACE = 1.0  # seconds past a sink's timeout before an attempt is abandoned

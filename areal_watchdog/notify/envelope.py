@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from areal_watchdog.config.sinks import secret_key
+from areal_watchdog.diagnose.kinds import kind_of
 
 ENVELOPE_SCHEMA = "areal-watchdog.incident.v1"
 
@@ -33,7 +34,7 @@ def is_warning(report: dict[str, Any]) -> bool:
 
 def build_envelope(report: dict[str, Any]) -> dict[str, Any]:
     """The stable subset of a report that receivers consume."""
-    event = "job.failed" if report["category"] == "rank_crashed" else "hang.detected"
+    event = "job.failed" if kind_of(report["category"]).failure else "hang.detected"
     event = "job.warning" if is_warning(report) else event
     trajectory = report.get("trajectory") or {}
     return {

@@ -14,50 +14,43 @@ from typing import Any
 
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.config.sinks import (
-    ResolvedSink,
-    SecretError,
     SinkSpec,
-    resolve,
     secret_values,
 )
 from areal_watchdog.notify.delivery import deliver, delivery_id, flush
-from areal_watchdog.notify.envelope import build_envelope, encode
-from areal_watchdog.notify.slack import build_slack_message
-from areal_watchdog.notify.slack_upload import upload_picture
+from areal_watchdog.notify.envelope import encode
+from areal_watchdog.notify.follow_ups import send_follow_up
+from areal_watchdog.notify.open_incidents import RESOLVED, OpenIncidents
+from areal_watchdog.notify.sinks.registry import UnknownSink, installed, sink_for
 from areal_watchdog.notify.spool import Spool
 
 
-def render(sink: SinkSpec, report: dict[str, Any]) -> bytes:
+def render(spec: SinkSpec, report: dict[str, Any]) -> bytes:
     """The body a sink receives for a report."""
-    if sink.type == "slack":
-        message = build_slack_message(report)
-        return encode({**message, "channel": sink.channel} if sink.channel else message)
-    return encode(build_envelope(report))
-
-
-def resolve_all(specs: list[SinkSpec], log: Callable[[str], None]) -> list[ResolvedSink]:
-    """Every sink whose URL and secret can be read now; the others are logged (no values)."""
-    resolved = []
-    for spec in specs:
-        try:
-            resolved.append(resolve(spec))
-        except SecretError as exc:
-            log(str(exc))
-    return resolved
+    return encode(sink_for(spec).report(report))
 
 
 @dataclass(frozen=True)
 class Picture:
     """An incident's timeline, drawn after its report was posted: it goes into the threads
-    that report started (Slack with a bot token)."""
+    that report started (sinks that thread: Slack with a bot token)."""
 
     incident_id: str
     path: Path
     title: str
 
 
+@dataclass(frozen=True)
+class Resolution:
+    """An incident is over: sinks that keep incidents open (PagerDuty) resolve it."""
+
+    report: dict[str, Any]
+    reason: str
+
+
 class Notifier:
-    """Queue reports (and their pictures); a worker thread renders, sends and spools them."""
+    """Queue reports (and their pictures, and resolutions); a worker thread renders, sends and
+    spools them."""
 
     def __init__(
         self,
@@ -67,14 +60,19 @@ class Notifier:
         log: Callable[[str], None],
         spool_retry_interval: float = 30.0,
         say: Callable[[str], None] | None = None,
+        incidents_dir: Path | None = None,
     ) -> None:
         self.specs = specs
+        self.threading = [s for s in specs if _asks(s, "threads")]
+        self.resolving = [s for s in specs if _asks(s, "resolves")]
         self.say = say or log  # failures are said where the user looks, not only logged
         self.spool = Spool(spool_dir, warn=self.say)
         self.redactor = redactor.with_values(secret_values(specs))
         self.log = log
         self.spool_retry_interval = spool_retry_interval
-        self.queue: queue.Queue[dict[str, Any] | Picture | None] = queue.Queue(maxsize=100)
+        self.open = OpenIncidents(incidents_dir if self.resolving else None, self._resolved)
+        self.queue: queue.Queue[dict[str, Any] | Picture | Resolution | None]
+        self.queue = queue.Queue(maxsize=100)
         self.last_flush = time.monotonic()
         self.thread = threading.Thread(target=self._work, name="areal-watchdog-notify", daemon=True)
         if specs:
@@ -89,10 +87,31 @@ class Notifier:
             self.queue.put_nowait(report)
         except queue.Full:
             self.log("notification queue full: report kept on disk only")
+            return
+        if self.resolving:
+            self.open.posted(report)
+
+    def progressed(self, progress_at: float | None, step: int | None) -> None:
+        """A step at ``progress_at``: the hangs posted before it are over."""
+        if self.resolving:
+            for report in self.open.moved_after(progress_at):
+                self._queue(Resolution(report, f"progress resumed (step {step})"))
+
+    def ended_well(self) -> None:
+        """The job completed: every incident still open is over."""
+        if self.resolving:
+            for report in self.open.all():
+                self._queue(Resolution(report, "the job completed"))
+
+    def _queue(self, item: Resolution) -> None:
+        try:
+            self.queue.put_nowait(item)
+        except queue.Full:
+            self.log(f"notification queue full: {item.report['incident_id']} not resolved")
 
     def submit_picture(self, picture: Picture) -> None:
         """Queue a drawn timeline for the threads its report started; returns at once."""
-        if any(spec.threads for spec in self.specs):
+        if self.threading:
             try:
                 self.queue.put_nowait(picture)
             except queue.Full:
@@ -117,6 +136,8 @@ class Notifier:
                 return
             if isinstance(item, Picture):
                 self._guarded(self._upload, item)
+            elif isinstance(item, Resolution):
+                self._guarded(self._resolve, item)
             else:
                 self._guarded(self._deliver, item)
 
@@ -135,11 +156,11 @@ class Notifier:
 
     def _deliver(self, report: dict[str, Any]) -> None:
         done = self.spool.delivered_ids()
-        for sink in resolve_all(self.specs, self.log):
+        for kind, sink in installed(self.specs, self.log):
             message_id = delivery_id(report["incident_id"], sink.spec)
             if message_id in done:
                 continue
-            body = render(sink.spec, report)
+            body = encode(kind.report(report))
             outcome = deliver(sink, body, message_id, self.redactor, self.spool)
             self.log(f"notify {sink.spec.name}: {outcome.describe()}")
             if outcome.delivered:
@@ -155,14 +176,27 @@ class Notifier:
                     f"({outcome.error}); not retried"
                 )
 
+    def _resolve(self, item: Resolution) -> None:
+        incident = item.report["incident_id"]
+        self.say(f"incident {incident} is over ({item.reason}): resolving it")
+        send_follow_up(self.resolving, self.spool.directory, incident, RESOLVED,
+                       lambda sink, _thread: sink.resolution(item.report, item.reason),
+                       self.log, "resolution")  # fmt: skip
+
+    def _resolved(self, incident_id: str) -> bool:
+        done = self.spool.delivered_ids()
+        return all(
+            delivery_id(f"{incident_id}|{RESOLVED}", spec) in done for spec in self.resolving
+        )
+
     def _upload(self, picture: Picture) -> None:
         """Into each thread the incident's report started (the ledger has its first post)."""
-        for sink in resolve_all([s for s in self.specs if s.threads], self.log):
+        for kind, sink in installed(self.threading, self.log):
             thread = self.spool.thread_of(delivery_id(picture.incident_id, sink.spec))
             if thread is None:
                 self.log(f"timeline to {sink.spec.name}: no thread (the report is not posted)")
                 continue
-            said = upload_picture(sink, thread, picture.path, picture.title, self.redactor)
+            said = kind.upload(sink, thread, picture.path, picture.title, self.redactor)
             self.log(f"timeline to {sink.spec.name}: {said}")
 
 
@@ -172,3 +206,11 @@ def deliver_spooled(spool_dir: Path, log: Callable[[str], None]) -> tuple[int, i
     if not spool.pending():
         return 0, 0
     return flush(spool, Redactor.from_environment(), log=log)
+
+
+def _asks(spec: SinkSpec, capability: str) -> bool:
+    """Whether the sink (when installed here) has ``capability``."""
+    try:
+        return bool(getattr(sink_for(spec), capability))
+    except UnknownSink:
+        return False

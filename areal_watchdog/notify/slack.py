@@ -9,68 +9,45 @@ from __future__ import annotations
 
 from typing import Any
 
-from areal_watchdog.common.rankset import format_ranks, worker_label
-from areal_watchdog.notify.envelope import is_warning
+from areal_watchdog.notify.sinks.digest import (
+    MAX_GROUPS_SHOWN,
+    MAX_WHERE_CHARS,
+    clip,
+    facts,
+    headline,
+    job_name,
+    ranks,
+    replay_command,
+    report_path,
+)
 
 MAX_BLOCKS = 50
 MAX_SECTION_CHARS = 3000
 MAX_HEADER_CHARS = 150
 MAX_TOTAL_CHARS = 30_000  # well inside Slack's message size limit
-MAX_RANKS_CHARS = 240  # a rank list longer than this is cut with a count
-MAX_WHERE_CHARS = 400
-MAX_GROUPS_SHOWN = 15  # more sections than this are unreadable in a channel: fold the rest
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
-
-
-def _ranks(ranks: list[int]) -> str:
-    text = format_ranks(ranks)
-    if len(text) <= MAX_RANKS_CHARS:
-        return text
-    return f"{text[:MAX_RANKS_CHARS].rsplit(',', 1)[0]}, \u2026 ({len(ranks)} ranks)"
 
 
 def _section(text: str) -> dict[str, Any]:
-    return {"type": "section", "text": {"type": "mrkdwn", "text": _clip(text, MAX_SECTION_CHARS)}}
+    return {"type": "section", "text": {"type": "mrkdwn", "text": clip(text, MAX_SECTION_CHARS)}}
 
 
 def build_slack_message(report: dict[str, Any]) -> dict[str, Any]:
     """The JSON body to POST to a Slack incoming webhook."""
-    job = report["job"]
-    name = f"{job.get('experiment_name') or '?'}/{job.get('trial_name') or '?'}"
-    text = _clip(
-        f"[areal-watchdog] {report['category']} in {name}: {report['summary']}", MAX_SECTION_CHARS
+    text = clip(
+        f"[areal-watchdog] {report['category']} in {job_name(report)}: {report['summary']}",
+        MAX_SECTION_CHARS,
     )
-    blocks = _head_blocks(report, name) + _collective_blocks(report)
+    blocks = _head_blocks(report) + _collective_blocks(report)
     tail = _tail_blocks(report)
     budget = MAX_TOTAL_CHARS - sum(len(str(b)) for b in blocks + tail) - len(text)
     room = min(MAX_GROUPS_SHOWN, MAX_BLOCKS - len(blocks) - len(tail) - 1)  # keep the fold line
     return {"text": text, "blocks": blocks + _group_blocks(report["groups"], room, budget) + tail}
 
 
-def _head_blocks(report: dict[str, Any], name: str) -> list[dict[str, Any]]:
+def _head_blocks(report: dict[str, Any]) -> list[dict[str, Any]]:
     """Header, summary and the facts: culprits (ranks, nodes, workers), step, stuck, size."""
-    job = report["job"]
-    stalled = report.get("stalled_for_s")
-    stuck = f"{stalled:.0f} s" if isinstance(stalled, (int, float)) else "-"
-    facts = [
-        ("Culprit ranks", _ranks(report["culprit_ranks"]) or "none named"),
-        ("Culprit nodes", ", ".join(report["culprit_nodes"]) or "-"),
-        ("Last step", str(report["last_step"])),
-        ("Stuck for", stuck),
-        ("World size", str(job["world_size"])),
-        ("Confidence", str(report["confidence"])),
-    ]
-    if report.get("cause"):
-        facts.append(("Cause", report["cause"]))
-    workers = [worker_label(w) for w in report.get("culprit_workers") or []]
-    if workers:
-        facts.append(("Culprit workers", "; ".join(workers)))
-    fields = [{"type": "mrkdwn", "text": _clip(f"*{k}*\n{v}", 2000)} for k, v in facts[:10]]
-    warning = "Warning: " if is_warning(report) else ""
-    header = _clip(f"{warning}{report['category']} in {name}", MAX_HEADER_CHARS)
+    fields = [{"type": "mrkdwn", "text": clip(f"*{k}*\n{v}", 2000)} for k, v in facts(report)[:10]]
+    header = clip(headline(report), MAX_HEADER_CHARS)
     return [
         {"type": "header", "text": {"type": "plain_text", "emoji": False, "text": header}},
         _section(f"*{report['summary']}*"),
@@ -92,11 +69,11 @@ def _collective_blocks(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _tail_blocks(report: dict[str, Any]) -> list[dict[str, Any]]:
     """Where the full report is, and the command that replays the last dumped step."""
-    where = _clip(f"Full report: `{report['files']['incident_dir']}`", MAX_SECTION_CHARS)
+    where = clip(f"Full report: `{report_path(report)}`", MAX_SECTION_CHARS)
     tail: list[dict[str, Any]] = [
         {"type": "context", "elements": [{"type": "mrkdwn", "text": where}]}
     ]
-    replay = (report.get("trajectory") or {}).get("replay_command")
+    replay = replay_command(report)
     if replay:
         tail.append(_section(f"Replay the last dumped step:\n```{replay}```"))
     return tail
@@ -106,7 +83,7 @@ def _group_blocks(groups: list[dict[str, Any]], room: int, budget: int) -> list[
     """As many stack groups as fit; the rest fold into one "... and N more" line."""
     blocks: list[dict[str, Any]] = []
     for group in groups:
-        block = _section(f"*{_ranks(group['ranks'])}*: `{_clip(group['where'], MAX_WHERE_CHARS)}`")
+        block = _section(f"*{ranks(group['ranks'])}*: `{clip(group['where'], MAX_WHERE_CHARS)}`")
         cost = len(str(block))
         if len(blocks) >= room or cost > budget:
             break
@@ -114,10 +91,10 @@ def _group_blocks(groups: list[dict[str, Any]], room: int, budget: int) -> list[
         budget -= cost
     hidden = groups[len(blocks) :]
     if hidden:
-        ranks = sum(len(g["ranks"]) for g in hidden)
+        count = sum(len(g["ranks"]) for g in hidden)
         blocks.append(
             _section(
-                f"\u2026 and {len(hidden)} more stack groups ({ranks} ranks): see the full report."
+                f"\u2026 and {len(hidden)} more stack groups ({count} ranks): see the full report."
             )
         )
     return blocks

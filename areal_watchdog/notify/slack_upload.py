@@ -25,12 +25,17 @@ class UploadRefused(Exception):
 
 
 def upload_picture(
-    sink: ResolvedSink, thread: dict[str, str], png: Path, title: str, redactor: Redactor
+    sink: ResolvedSink,
+    api_url: str,
+    thread: dict[str, str],
+    png: Path,
+    title: str,
+    redactor: Redactor,
 ) -> str:
-    """Share ``png`` in ``thread`` (its channel and first post's ts); what happened, in a few
-    words (never the token)."""
+    """Share ``png`` in ``thread`` (its channel and first post's ts) through the API whose
+    ``chat.postMessage`` is ``api_url``; what happened, in a few words (never the token)."""
     data = png.read_bytes()
-    api = sink.spec.api_url.rsplit("/", 1)[0]  # .../api/chat.postMessage -> .../api
+    api = api_url.rsplit("/", 1)[0]  # .../api/chat.postMessage -> .../api
     form = urllib.parse.urlencode({"filename": png.name, "length": len(data)}).encode()
     share = {"channel_id": thread["channel"], "thread_ts": thread["ts"]}
     try:
@@ -52,7 +57,7 @@ def _post(sink: ResolvedSink, url: str, body: bytes, content_type: str, token: b
     token never travels to another host)."""
     headers = {"User-Agent": "areal-watchdog", "Content-Type": content_type}
     if token:
-        headers["Authorization"] = f"Bearer {sink.token}"
+        headers["Authorization"] = f"Bearer {sink.values['token']}"
     return post_within(sink.spec.timeout, url, body, headers)
 
 

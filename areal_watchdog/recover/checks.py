@@ -44,7 +44,7 @@ def check_resumable(config: JobConfig, recovery: Recovery, mode: str) -> None:
 def tokenizer_warning(config: JobConfig, mode: str) -> str | None:
     """One line when a torchrun job may dump its steps but names no tokenizer: a hang that
     follows its data could then not name its rows, and the resumes would stop there."""
-    if mode != "torchrun" or not config.watchdog.trajectory_dump:
+    if mode != "torchrun" or not config.watchdog.trajectory.enabled:
         return None
     if config.raw.get("tokenizer_path"):
         return None
@@ -59,7 +59,7 @@ def tokenizer_warning(config: JobConfig, mode: str) -> str | None:
 def resume_notes(config: JobConfig, mode: str, recovery: Recovery) -> list[str]:
     """What ``--dry-run`` says a resume would run."""
     wd = config.watchdog
-    waits = ", ".join(f"{wd.resume_backoff * 2**n:g} s" for n in range(wd.resume_max_attempts))
+    waits = ", ".join(f"{wd.resume.backoff * 2**n:g} s" for n in range(wd.resume.max_attempts))
     where, resumed_where = recovery.dry_run(config, mode)
     start = (
         "AReaL's recover checkpoint of the trial (recover.mode: auto)"
@@ -68,10 +68,10 @@ def resume_notes(config: JobConfig, mode: str, recovery: Recovery) -> list[str]:
     )
     return [
         f"on a hang (watchdog.on_hang: resume): the report first, then the job is ended; the "
-        f"hung step, when dumped, is replayed {where} (at most {wd.resume_max_replays} "
+        f"hung step, when dumped, is replayed {where} (at most {wd.resume.max_replays} "
         "replays, bisecting a batch that hangs the same way; its hanging rows go to "
         "quarantine.json and out of the resumed run);",
-        f"then this plan runs again from {start}, up to {wd.resume_max_attempts} time(s) "
+        f"then this plan runs again from {start}, up to {wd.resume.max_attempts} time(s) "
         f"(after {waits}), with",
         f"  {ENV_ATTEMPT}=<1, 2, ...>",
         f"  {ENV_LAST_STEP}=<the last step seen before the hang>",

@@ -119,7 +119,7 @@ def replay_decides(
     except (UserError, DumpError, OSError) as exc:
         said = f"{said}, but its batch cannot be read: {exc}"
         return ReplayFinding(step, True, said, replays)
-    budget = config.watchdog.resume_max_replays - 1  # the whole step's replay was the first
+    budget = config.watchdog.resume.max_replays - 1  # the whole step's replay was the first
 
     def trained() -> bool | None:
         return _same(run((0,), step - 1), hang)

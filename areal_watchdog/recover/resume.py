@@ -76,7 +76,7 @@ def run_resuming(target: Backend, config: JobConfig, plan: LaunchPlan, out: Text
 def _resume_loop(target: Backend, config: JobConfig, plan: LaunchPlan, out: TextIO) -> int:
     layout = RunLayout(Path(plan.run_dir))
     wd = config.watchdog
-    record, hangs = _Record(layout, wd.resume_max_attempts), []
+    record, hangs = _Record(layout, wd.resume.max_attempts), []
     excluded: set[str] = set()  # Slurm: nodes the hangs named, left out of the next allocation
     while True:
         started = time.time()
@@ -93,7 +93,7 @@ def _resume_loop(target: Backend, config: JobConfig, plan: LaunchPlan, out: Text
             _say(out, "interrupted while replaying: not resuming")
             record.end("interrupted before resuming")
             return ExitCode.INTERRUPTED
-        entry = _entry(len(hangs), wd.resume_max_attempts, hangs[-1], decision, report)
+        entry = _entry(len(hangs), wd.resume.max_attempts, hangs[-1], decision, report)
         entry.update(_replayed(finding, config, hangs[-1], decision))
         transient = decision.resume and not (finding and finding.same_hang)
         if transient and target.recovery.leaves_out_nodes():  # not on those nodes again
@@ -131,14 +131,14 @@ def _decide(
     named (``excluded``, this one's too): on Slurm in the job's kept allocation, else in one
     of their own."""
     wd = config.watchdog
-    decision = decide(hangs, wd.resume_max_attempts, wd.resume_backoff)
+    decision = decide(hangs, wd.resume.max_attempts, wd.resume.backoff)
     if not decision.resume:
         return decision, None
     avoid = excluded | target.recovery.known_nodes(_named_nodes(report))
     host = target.recovery.replay_host(config, avoid)
     finding = replay_decides(config, layout.run_dir, hangs[-1], report, out, host)
     note, stops = (finding.note, finding.stop) if finding else (None, False)
-    return decide(hangs, wd.resume_max_attempts, wd.resume_backoff, note, stops), finding
+    return decide(hangs, wd.resume.max_attempts, wd.resume.backoff, note, stops), finding
 
 
 def _tell(

@@ -29,7 +29,7 @@ class LaunchInfo:
     trajectory_dir: str | None = None
     job_id: str | None = None  # the scheduler's name for the job (Slurm's id, Ray's submission)
     job_address: str | None = None  # where that scheduler answers for it (Ray: the Jobs API)
-    mode: str = "torchrun"  # torchrun | single_controller | spmd (config.model.LAUNCH_MODES)
+    mode: str = "torchrun"  # torchrun | single_controller | spmd (config.model.LaunchMode)
     rank_role: str | None = None  # single controller: the AReaL role whose workers are ranks
     # AReaL's single controller on Slurm: ``nodes`` is the controller's host, the leader; the
     # nodes AReaL's jobs land on join when their sidecars first publish.
@@ -68,7 +68,9 @@ class LaunchInfo:
             trial_name=config.trial_name,
             fileroot=config.fileroot,
             watchdog=config.watchdog,
-            trajectory_dir=str(config.trajectory_dir) if config.watchdog.trajectory_dump else None,
+            trajectory_dir=str(config.trajectory_dir)
+            if config.watchdog.trajectory.enabled
+            else None,
             total_steps=_total_steps(config.raw.get("total_train_steps")),
         )
 

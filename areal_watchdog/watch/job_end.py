@@ -59,6 +59,7 @@ class JobEnd:
             step = self.clock.last_step
             last = "no step seen" if step is None else f"last step {step}"
             self.say(f"job completed ({last}); {len(written)} incident(s){looks}")
+            self.notifier.ended_well()
         write_json_atomic(
             self.layout.finished_file,
             {

@@ -46,7 +46,7 @@ class Leader:
             gone_since=self.gone_since,
             crash_grace=wd.crash_grace,
             gpus_quiet_for=self.gpus_quiet_for(now),
-            gpu_idle_timeout=wd.gpu_idle_timeout,
+            gpu_idle_timeout=wd.gpu.idle_timeout,
             in_flight_over=over,
             in_flight_op=op,
             silent_nodes=tuple(silent),

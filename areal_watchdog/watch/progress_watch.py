@@ -56,6 +56,8 @@ class ProgressWatch:
         self.clock.total = min(totals) if totals else self.clock.total
         if not progress:
             return
+        if leading:  # an incident a step came after is over (sinks that keep them open)
+            self.notifier.progressed(self.clock.last_progress_at, self.clock.last_step)
         if self.clock.tearing_down:
             self.say(
                 f"last step seen: step {self.clock.last_step} of {self.clock.total}; the job's "

@@ -89,7 +89,7 @@ class Sidecar(JobEnd, Leader, ProgressWatch):
         specs = [SinkSpec.from_dict(d) for d in wd.notify]
         self.notifier = Notifier(
             specs, self.layout.spool_dir, Redactor.from_environment(), self.log,
-            wd.spool_retry_interval, say=self.say,
+            wd.spool_retry_interval, say=self.say, incidents_dir=self.layout.incidents_dir,
         )  # fmt: skip
         scope = Scope(
             self.info.run_id, self.node, self.info.world_size, self.info.rank_role,
@@ -98,7 +98,7 @@ class Sidecar(JobEnd, Leader, ProgressWatch):
         self.watch = NodeWatch(
             self.layout, scope, self.info.nproc_per_node, self.log,
             gpu_backend=self.open_gpus(),
-            gpus=IdleTracker(wd.gpu_idle_utilization, wd.gpu_spin_power_fraction),
+            gpus=IdleTracker(wd.gpu.idle_utilization, wd.gpu.spin_power_fraction),
         )  # fmt: skip
         self.coordinator = Coordinator(
             self.layout, self.info.run_id, self.node, self.nodes, wd.node_timeout,
@@ -148,9 +148,9 @@ class Sidecar(JobEnd, Leader, ProgressWatch):
     def open_gpus(self) -> GpuBackend:
         wd = self.info.watchdog
         try:
-            backend = open_backend(wd.gpu_backend, wd.gpu_recording)
+            backend = open_backend(wd.gpu.backend, wd.gpu.recording)
         except Exception as exc:  # noqa: BLE001 - explain, then watch without GPUs
-            self.say(f"GPU monitor {wd.gpu_backend} unavailable ({exc}); watching without GPUs")
+            self.say(f"GPU monitor {wd.gpu.backend} unavailable ({exc}); watching without GPUs")
             return NoGpu()
         self.log(f"GPU monitor: {backend.name}")
         return backend

@@ -61,7 +61,7 @@ def test_watchdog_values_reach_the_job_config(tmp_path: Path) -> None:
     assert config.watchdog.on_hang is HangAction.RESUME
     assert config.watchdog.stall_timeout is None  # auto
     assert config.watchdog.poll_interval == 0.25
-    assert config.watchdog.resume_max_attempts == 2
+    assert config.watchdog.resume.max_attempts == 2
     assert config.launch.nproc_per_node == 4  # one rank per GPU unless told
     env = config.watchdog.debug_env
     assert env["NCCL_DEBUG"] == "INFO" and env["MY_FLAG"] == "1"
@@ -103,8 +103,8 @@ def test_a_bad_on_hang_lists_the_actions(tmp_path: Path) -> None:
         ({"watchdog": {"enabled": "yes"}}, "watchdog.enabled", "must be true or false"),
         ({"watchdog": {"gpu": {"backend": "recorded"}}}, "watchdog.gpu.recording", "is missing"),
         ({"cluster": {"n_nodes": "two"}}, "cluster.n_nodes", "must be a whole number"),
-        ({"watchdog": {"notify": [{"type": "webhook", "url": "https://x"}]}},
-         "watchdog.notify[0].url", "secrets never sit in the config"),
+        ({"watchdog": {"notify": [{"type": "webhook", "url_env": ""}]}},
+         "watchdog.notify[0].url_env", "must name a variable"),
     ],
 )  # fmt: skip
 def test_a_bad_value_names_its_key(

@@ -15,7 +15,7 @@ import pytest
 
 from areal_watchdog.common.errors import ConfigError
 from areal_watchdog.config.load import load_config
-from areal_watchdog.config.model import WatchdogSection
+from areal_watchdog.config.model import ResumeSection, WatchdogSection
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.slurm import node
 from areal_watchdog.launch.slurm.jobs import wait_for_job
@@ -66,7 +66,7 @@ def run_dir_of(tmp_path: Path, dynamic: bool = False, allocation: str = "new") -
     info = LaunchInfo(
         run_id="r1", backend="slurm", run_dir=str(run_dir), world_size=2, nodes=["n1"],
         nproc_per_node=1, experiment_name="hang-demo", trial_name="t", fileroot=str(tmp_path),
-        watchdog=WatchdogSection(on_hang="resume", resume_allocation=allocation),
+        watchdog=WatchdogSection(on_hang="resume", resume=ResumeSection(allocation=allocation)),
         dynamic_nodes=dynamic,
     )  # fmt: skip
     RunLayout(run_dir).launch_file.write_text(json.dumps(info.to_dict()))

@@ -15,9 +15,10 @@ from areal_watchdog.config.model import JobConfig
 from areal_watchdog.config.sinks import SinkSpec
 from areal_watchdog.launch.recovery import Recovery
 from areal_watchdog.notify.delivery import delivery_id
+from areal_watchdog.notify.sinks.registry import sink_for
 from areal_watchdog.notify.spool import Spool
 from areal_watchdog.recover.checks import check_resumable, resume_notes, tokenizer_warning
-from areal_watchdog.recover.notices import recovery_envelope, recovery_slack, send_recovery
+from areal_watchdog.recover.notices import send_recovery
 from conftest import DEMO_CONFIG, REPO
 from receiver import Receiver
 
@@ -112,16 +113,17 @@ RECOVERY = {"attempt": 1, "decision": "resume", "reason": "resume 1 of 3 after s
 
 
 def slack_spec(channel: str | None = "C0ALERTS") -> SinkSpec:
-    return SinkSpec("slack", "ops", {"token": {"env": "SLACK_TOKEN"}}, channel=channel,
-                    api_url="http://127.0.0.1:9/api")  # fmt: skip
+    return SinkSpec("slack", "ops", {"token": {"env": "SLACK_TOKEN"}},
+                    {"channel": channel, "api_url": "http://127.0.0.1:9/api"})  # fmt: skip
 
 
 def test_the_recovery_event_and_the_slack_follow_up_name_the_incident() -> None:
-    event = recovery_envelope(REPORT, RECOVERY)
+    hook = SinkSpec("webhook", "hook", {"url": {"env": "HOOK_URL"}})
+    event = sink_for(hook).recovery(REPORT, RECOVERY, None)
     assert (event["event_type"], event["incident_id"]) == ("hang.recovery", REPORT["incident_id"])
     assert event["job"] == REPORT["job"] and event["recovery"] == RECOVERY
     thread = {"channel": "C0THREAD", "ts": "1795600000.000001"}
-    reply = recovery_slack(REPORT, RECOVERY, slack_spec(), thread)
+    reply = sink_for(slack_spec()).recovery(REPORT, RECOVERY, thread)
     assert reply == {
         "text": f"[areal-watchdog] exp/t1 resumed after incident {REPORT['incident_id']}: "
         "resume 1 of 3 after straggler",
@@ -129,7 +131,7 @@ def test_the_recovery_event_and_the_slack_follow_up_name_the_incident() -> None:
         "thread_ts": "1795600000.000001",
     }
     stop = {**RECOVERY, "decision": "stop"}
-    alone = recovery_slack({**REPORT, "job": {}}, stop, slack_spec(), None)
+    alone = sink_for(slack_spec()).recovery({**REPORT, "job": {}}, stop, None)
     assert alone["text"].startswith("[areal-watchdog] ?/? not resumed after incident")
     assert alone["channel"] == "C0ALERTS" and "thread_ts" not in alone
 
@@ -148,8 +150,9 @@ def test_every_sink_hears_the_decision_the_bot_in_the_incident_s_thread(
         {"url": {"env": "HOOK_URL"}, "secret": {"env": "HOOK_SECRET"}},
         max_attempts=1,
     )
-    bot = SinkSpec("slack", "bot", {"token": {"env": "SLACK_TOKEN"}}, channel="C0ALERTS",
-                   max_attempts=1, api_url=receiver.url("/api/chat.postMessage"))  # fmt: skip
+    bot = SinkSpec("slack", "bot", {"token": {"env": "SLACK_TOKEN"}},
+                   {"channel": "C0ALERTS", "api_url": receiver.url("/api/chat.postMessage")},
+                   max_attempts=1)  # fmt: skip
     spool_dir = tmp_path / "spool"
     thread = {"channel": "C0ALERTS", "ts": "1795600000.000042"}  # the incident's first post
     Spool(spool_dir).mark_delivered(delivery_id(REPORT["incident_id"], bot), thread)

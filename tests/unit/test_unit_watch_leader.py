@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from areal_watchdog.common.atomic import write_json_atomic
-from areal_watchdog.config.model import HangAction, WatchdogSection
+from areal_watchdog.config.model import GpuSection, HangAction, WatchdogSection
 from areal_watchdog.evidence.trigger import Trigger
 from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.launch_info import LaunchInfo
@@ -90,6 +90,9 @@ class Node(JobEnd, Leader):
         )  # fmt: skip
         self.coordinator = FakeCoordinator()
         self.incidents = FakeIncidents()
+        self.notifier = SimpleNamespace(
+            told=[], ended_well=lambda: self.notifier.told.append("ended well")
+        )
         self.in_flight = InFlightSensor(self.layout)  # it read nothing: no rank was asked
         self.own_exit: dict[str, Any] | None = None
         self.gone_since: float | None = None
@@ -174,7 +177,7 @@ def test_a_silent_node_opens_an_incident_naming_it(tmp_path: Path) -> None:
 
 
 def test_idle_gpus_open_an_incident_before_the_stall_threshold(tmp_path: Path) -> None:
-    node = Node(tmp_path, gpu_idle_timeout=12.0)
+    node = Node(tmp_path, gpu=GpuSection(idle_timeout=12.0))
     node.watch.gpus = SimpleNamespace(last=[{"index": 0}], quiet_since=2.0)
     node.clock.step(3, 0.0)
     node.lead(13.0)
@@ -207,6 +210,7 @@ def test_a_job_that_ends_well_is_recorded_as_finished(tmp_path: Path) -> None:
     assert (record["run_id"], record["by"], record["failed_nodes"]) == ("r1", "n1", [])
     assert node.finished() and node.done and node.published == ["finished"]
     assert node.incidents.opened == []
+    assert node.notifier.told == ["ended well"]  # incidents still open are resolved
 
 
 def test_a_job_that_fails_on_a_peer_is_reported_then_finished(tmp_path: Path) -> None:
@@ -217,6 +221,7 @@ def test_a_job_that_fails_on_a_peer_is_reported_then_finished(tmp_path: Path) ->
     assert node.incidents.opened == [(Trigger.JOB_FAILED, ())]
     assert json.loads(node.layout.finished_file.read_text())["failed_nodes"] == ["n2"]
     assert not any(line.startswith("job completed") for line in node.lines)
+    assert node.notifier.told == []
 
 
 def test_a_silent_peers_exit_record_is_read_from_its_file(tmp_path: Path) -> None:

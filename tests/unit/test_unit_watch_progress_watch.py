@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from areal_watchdog.common.atomic import write_json_atomic
-from areal_watchdog.config.model import WatchdogSection
+from areal_watchdog.config.model import GpuSection, WatchdogSection
 from areal_watchdog.rundir.beats import beat_name
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_NODE
@@ -25,7 +25,7 @@ def sidecar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Sidecar:
     log = tmp_path / "train.log"
     log.write_text("loading the model\n")
     log.chmod(0o600)
-    wd = WatchdogSection(stall_timeout=30.0, gpu_backend="none", log_files=[str(log)])
+    wd = WatchdogSection(stall_timeout=30.0, gpu=GpuSection(backend="none"), log_files=[str(log)])
     info = LaunchInfo(
         run_id="r1", backend="local", run_dir=str(tmp_path), world_size=2, nodes=["n1", "n2"],
         nproc_per_node=1, experiment_name="e", trial_name="t", fileroot=str(tmp_path),

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from areal_watchdog.common.atomic import write_json_atomic
-from areal_watchdog.config.model import WatchdogSection
+from areal_watchdog.config.model import GpuSection, WatchdogSection
 from areal_watchdog.rundir.beats import beat_name
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_NODE
@@ -22,8 +22,8 @@ from areal_watchdog.watch.sidecar import Sidecar, main
 def launched(run_dir: Path, **watchdog: object) -> LaunchInfo:
     """A run directory as the launcher leaves it: launch.json written."""
     wd = WatchdogSection(
-        stall_timeout=30.0, startup_timeout=60.0, poll_interval=0.02, gpu_backend="none",
-        **watchdog,  # type: ignore[arg-type]
+        stall_timeout=30.0, startup_timeout=60.0, poll_interval=0.02,
+        gpu=GpuSection(backend="none"), **watchdog,  # type: ignore[arg-type]
     )  # fmt: skip
     info = LaunchInfo(
         run_id="r1", backend="local", run_dir=str(run_dir), world_size=1, nodes=["n1"],

@@ -199,7 +199,7 @@ class SlurmBackend:
 
 def _keeps_allocation(config: JobConfig, watchdog: bool) -> bool:
     wd = config.watchdog
-    return watchdog and wd.on_hang is HangAction.RESUME and wd.resume_allocation == "same"
+    return watchdog and wd.on_hang is HangAction.RESUME and wd.resume.allocation == "same"
 
 
 def _rerun_in_allocation(plan: LaunchPlan, job_id: str, folder: str) -> str:

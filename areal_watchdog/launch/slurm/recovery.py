@@ -35,7 +35,7 @@ class SlurmRecovery(Recovery):
         self.backend = backend
 
     def refusal(self, config: JobConfig, mode: str) -> str | None:
-        if mode == "single_controller" and config.watchdog.resume_allocation == "same":
+        if mode == "single_controller" and config.watchdog.resume.allocation == "same":
             return (
                 "watchdog.resume.allocation: same keeps a Slurm job's allocation, but AReaL's "
                 "single controller submits its own jobs: use allocation: new"
@@ -71,7 +71,7 @@ class SlurmRecovery(Recovery):
         return f"same (job {kept})" if kept else "new"
 
     def dry_run(self, config: JobConfig, mode: str) -> tuple[str, list[str]]:
-        same = config.watchdog.resume_allocation == "same"
+        same = config.watchdog.resume.allocation == "same"
         where = f"{NEW_ALLOCATION} the hangs did not name"
         if same:
             where = f"on a node of the job's allocation the hangs did not name (else {where})"

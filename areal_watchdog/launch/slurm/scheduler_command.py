@@ -44,7 +44,7 @@ def where() -> dict[str, object]:
 def end_job(info: LaunchInfo, job_id: str, action: HangAction) -> str:
     """``scancel`` what ends this attempt; the line says what."""
     targets = [checked_job_id(job_id)]
-    if action is HangAction.RESUME and info.watchdog.resume_allocation == "same":
+    if action is HangAction.RESUME and info.watchdog.resume.allocation == "same":
         with contextlib.suppress(OSError, UserError):  # not listed: the whole job ends
             targets = job_steps(job_id) or targets
     out = run_slurm(["scancel", *targets])

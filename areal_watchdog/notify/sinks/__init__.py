@@ -1,0 +1,1 @@
+"""The sinks: one module each, registered in ``registry`` (docs/notifications.md)."""
