@@ -10,12 +10,11 @@ never tests its name."""
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.metadata
 from pathlib import Path
 from typing import Protocol, TextIO
 
 from areal_watchdog.common.errors import UserError
+from areal_watchdog.common.plugins import load, registered
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.plan import LaunchPlan
 from areal_watchdog.launch.recovery import Recovery
@@ -86,8 +85,7 @@ class Backend(Protocol):
 
 def backend_names() -> list[str]:
     """Every backend ``areal-launch`` offers: ours, then the installed packages'."""
-    found = importlib.metadata.entry_points(group=ENTRY_POINTS)
-    return [*BACKENDS, *sorted(e.name for e in found if e.name not in BACKENDS)]
+    return registered(BACKENDS, ENTRY_POINTS)
 
 
 def resolve_target(text: str) -> tuple[type[Backend], str]:
@@ -113,11 +111,7 @@ def resolve_target(text: str) -> tuple[type[Backend], str]:
 
 def backend_class(name: str) -> type[Backend]:
     """The backend registered as ``name``."""
-    target = BACKENDS.get(name)
-    if target is None:
-        found = [e for e in importlib.metadata.entry_points(group=ENTRY_POINTS) if e.name == name]
-        if not found:
-            raise UserError(f"no backend named {name!r} (installed: {', '.join(backend_names())})")
-        return found[0].load()
-    module, _, attribute = target.partition(":")
-    return getattr(importlib.import_module(module), attribute)
+    found = load(name, BACKENDS, ENTRY_POINTS)
+    if found is None:
+        raise UserError(f"no backend named {name!r} (installed: {', '.join(backend_names())})")
+    return found

@@ -17,14 +17,16 @@ MAX_BODY_BYTES = 20_000
 TOO_FAST = 130101
 
 
+SECRETS = {
+    "url": "the robot's webhook URL (.../robot/send?access_token=...)",
+    "secret": "the robot's signing secret (SEC...)",
+}
+
+
 class DingTalkSink(Sink):
     type = "dingtalk"
-    keys = Keys(
-        {"url": "the robot's webhook URL (.../robot/send?access_token=...)",
-         "secret": "the robot's signing secret (SEC...)"},
-        (("url",), ("secret",)),
-    )  # fmt: skip
     pace = 3.0  # 20 messages a minute per robot
+    keys = Keys(SECRETS, (("url",), ("secret",)))
 
     def report(self, report: dict[str, Any]) -> dict[str, Any]:
         return fit(lambda shown: _markdown(report, shown), len(report["groups"]), MAX_BODY_BYTES)

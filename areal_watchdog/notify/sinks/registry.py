@@ -4,11 +4,10 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
 from collections.abc import Callable
 from typing import Any
 
+from areal_watchdog.common.plugins import load, registered
 from areal_watchdog.config.checks import Checker
 from areal_watchdog.config.sinks import ResolvedSink, SecretError, SinkSpec, parse_sinks, resolve
 from areal_watchdog.notify.sinks.base import Sink
@@ -30,19 +29,14 @@ class UnknownSink(LookupError):
 
 def sink_types() -> list[str]:
     """Ours, then the installed packages'."""
-    found = importlib.metadata.entry_points(group=ENTRY_POINTS)
-    return [*SINKS, *sorted(e.name for e in found if e.name not in SINKS)]
+    return registered(SINKS, ENTRY_POINTS)
 
 
 def sink_class(kind: str) -> type[Sink]:
-    target = SINKS.get(kind)
-    if target is None:
-        found = [e for e in importlib.metadata.entry_points(group=ENTRY_POINTS) if e.name == kind]
-        if not found:
-            raise UnknownSink(f"no sink type {kind!r} (installed: {', '.join(sink_types())})")
-        return found[0].load()
-    module, _, attribute = target.partition(":")
-    return getattr(importlib.import_module(module), attribute)
+    found = load(kind, SINKS, ENTRY_POINTS)
+    if found is None:
+        raise UnknownSink(f"no sink type {kind!r} (installed: {', '.join(sink_types())})")
+    return found
 
 
 def sink_for(spec: SinkSpec) -> Sink:
