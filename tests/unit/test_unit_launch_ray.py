@@ -9,6 +9,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -324,3 +325,57 @@ def test_the_own_cluster_is_up_only_once_every_raylet_joined() -> None:
         server.shutdown()
         raylet.kill()
         raylet.wait()
+
+
+FAKE_RAY = """
+import http.server, json, os, sys, time
+from pathlib import Path
+if "--head" not in sys.argv:
+    time.sleep(600)
+tries = Path(os.environ["FAKE_RAY_DIR"]) / "head_tries"
+tried = int(tries.read_text()) if tries.exists() else 0
+tries.write_text(str(tried + 1))
+if tried == 0:  # what Ray 2.60 said in CI, its raylet not registered within 30 s
+    print("Exception: The current node timed out during startup. This could happen because "
+          "some of the raylet failed to startup or the GCS has become overloaded.")
+    sys.exit(1)
+class Head(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *_args):
+        pass
+    def do_GET(self):
+        nodes = [{"state": "ALIVE"}] * 2
+        body = json.dumps({"data": {"result": {"result": nodes}}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+port = int(sys.argv[sys.argv.index("--dashboard-port") + 1])
+http.server.HTTPServer(("127.0.0.1", port), Head).serve_forever()
+"""
+
+
+def test_a_ray_start_that_timed_out_under_load_is_started_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray gives a raylet 30 s to register with its GCS; under CI's load the head's did not,
+    and its ``ray start`` ended: the cluster is started again, and says why."""
+    from areal_watchdog.config.model import RaySection
+    from areal_watchdog.launch.ray.cluster import OwnCluster
+
+    fake = tmp_path / "fake_ray.py"
+    fake.write_text(FAKE_RAY)
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nshift 2\nexec {sys.executable} {fake} "$@"\n')
+    python.chmod(0o755)
+    monkeypatch.setenv("FAKE_RAY_DIR", str(tmp_path))
+    cluster = OwnCluster.plan(RaySection(), 2, f"t{uuid.uuid4().hex[:8]}")
+    said: list[str] = []
+    raylets = cluster.start(str(python), tmp_path, said.append)
+    try:
+        assert said[0].startswith("Ray cluster: ray start of ray-head ended (")
+        assert "The current node timed out during startup" in said[0]
+        assert said[0].endswith("; starting it again (2 of 3)")
+        assert said[1].startswith("Ray cluster of 2 node(s) up")
+        assert all(proc.poll() is None for proc in raylets.procs)
+    finally:
+        raylets.stop(grace=1.0)

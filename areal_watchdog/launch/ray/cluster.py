@@ -35,6 +35,7 @@ from areal_watchdog.config.model import RaySection
 LOOPBACK = "127.0.0.1"
 RAY_AUTH_MODE = "RAY_AUTH_MODE"  # Ray's switch for its token authentication
 START_TIMEOUT_S = 120.0  # one `ray start` on a loaded 2-core machine takes 5-15 s
+START_ATTEMPTS = 3
 OBJECT_STORE_BYTES = 200 * 1024**2  # the job moves no tensors through it: keep /dev/shm free
 HEAD_NAME = "ray-head"
 OUR_PREFIX = "AREAL_WATCHDOG_"
@@ -87,15 +88,32 @@ class OwnCluster:
         return [head, *others]
 
     def start(self, python: str, logs: Path, say: Callable[[str], None]) -> Raylets:
-        """Start every raylet, the head first, and return once the Jobs API answers; a failure
-        is one line, and what started is ended. Each is ``ray start --block`` in a process
-        group of its own, killed if the launcher dies: its reaper then ends the whole group
-        (a graceful stop leaves Ray's dashboard agents behind: ``Raylets.stop`` ends them).
-        Each one's output goes to ``logs/ray_start_<node>.log``."""
+        """Start every raylet, the head first, and return once all joined; a failure is one
+        line, and what started is ended. A ``ray start`` that ended on its own (Ray gives a
+        raylet 30 s to register with the GCS, and a loaded machine once took longer: CI) is
+        started again, the whole cluster, up to ``START_ATTEMPTS`` times. Each is ``ray start
+        --block`` in a process group of its own, killed if the launcher dies: its reaper then
+        ends the whole group (a graceful stop leaves Ray's dashboard agents behind:
+        ``Raylets.stop`` ends them). Each one's output goes to ``logs/ray_start_<node>.log``."""
         started = time.monotonic()
+        for attempt in range(1, START_ATTEMPTS + 1):
+            raylets, problem, again = self._start_once(python, logs)
+            if problem is None:
+                say(f"Ray cluster of {self.nodes} node(s) up ({time.monotonic() - started:.0f} s): "
+                    f"{self.address}")  # fmt: skip
+                return raylets
+            raylets.stop()
+            if not again or attempt == START_ATTEMPTS:
+                raise UserError(f"Ray cluster: {problem}")
+            say(f"Ray cluster: {problem}; starting it again ({attempt + 1} of {START_ATTEMPTS})")
+        raise AssertionError("unreachable")
+
+    def _start_once(self, python: str, logs: Path) -> tuple[Raylets, str | None, bool]:
+        """One try: the raylets, what went wrong (None: all joined), and whether to try again
+        (a ``ray start`` ended on its own)."""
         raylets = Raylets([], make_private(Path(self.temp_dir).parent))
-        for argv in self.commands(python):
-            name = argv[argv.index("--node-name") + 1]
+        names = self.node_names()
+        for argv, name in zip(self.commands(python), names, strict=True):
             log = logs / f"ray_start_{name}.log"
             with open_append(log) as out:  # never a planted symlink
                 proc = subprocess.Popen(
@@ -105,19 +123,24 @@ class OwnCluster:
                 )  # fmt: skip
             raylets.procs.append(proc)
             if name == HEAD_NAME and not _answers(self.address, proc):
-                raylets.stop()
-                last = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-                raise UserError(f"ray start of {name} failed ({log}): {last[0]}")
+                ended = _ended(name, log, proc)
+                return raylets, ended or "the head's Jobs API never answered", bool(ended)
         joined = _joined(self.address, self.nodes, raylets.procs)
-        if joined < self.nodes:
-            raylets.stop()
-            raise UserError(
-                f"Ray cluster: {joined} of {self.nodes} raylets joined within "
-                f"{START_TIMEOUT_S:g} s (their logs: {logs}/ray_start_*.log)"
-            )
-        say(f"Ray cluster of {self.nodes} node(s) up ({time.monotonic() - started:.0f} s): "
-            f"{self.address}")  # fmt: skip
-        return raylets
+        if joined >= self.nodes:
+            return raylets, None, False
+        for name, proc in zip(names, raylets.procs, strict=True):
+            if proc.poll() is not None:
+                return raylets, _ended(name, logs / f"ray_start_{name}.log", proc), True
+        waited = f"{joined} of {self.nodes} raylets joined within {START_TIMEOUT_S:g} s"
+        return raylets, f"{waited} (their logs: {logs}/ray_start_*.log)", False
+
+
+def _ended(name: str, log: Path, proc: subprocess.Popen) -> str:
+    """``ray start of ray-node1 ended (LOG): <its last line>``; empty while it runs."""
+    if proc.poll() is None:
+        return ""
+    last = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+    return f"ray start of {name} ended ({log}): {last[0][:300]}"
 
 
 @dataclass
