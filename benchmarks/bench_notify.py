@@ -1,4 +1,6 @@
-"""Notification benchmark: from report.json on disk to the webhook received, healthy receiver."""
+"""Notification benchmark: from report.json on disk to the webhook received, healthy receiver;
+and each vendor's sink against its loopback stand-in: the message's size for a small and a
+1,024-rank report (the vendor's limit beside it) and the time to one accepted delivery."""
 
 from __future__ import annotations
 
@@ -12,12 +14,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from standins import start_all, vendor_sinks  # noqa: E402
+from synthetic import synthetic_report  # noqa: E402
+
 from areal_watchdog.common.redact import Redactor  # noqa: E402
 from areal_watchdog.config.load import load_config  # noqa: E402
 from areal_watchdog.config.sinks import parse_sinks  # noqa: E402
-from areal_watchdog.notify.notifier import Notifier  # noqa: E402
+from areal_watchdog.notify.notifier import (
+    Notifier,  # noqa: E402
+    render,  # noqa: E402
+)
+from areal_watchdog.notify.sinks.registry import parse  # noqa: E402
 from areal_watchdog.report.sample import sample_report  # noqa: E402
 from receiver import Receiver  # noqa: E402
+
+LIMITS = {"feishu": "20 KiB", "dingtalk": "20,000 B", "pagerduty": "512 KiB", "teams": "28 KiB"}
 
 REPO = Path(__file__).resolve().parents[1]
 Rows = list[tuple[str, str, str]]
@@ -55,3 +66,32 @@ def run_notify_benchmarks(quick: bool = False) -> Iterator[tuple[str, Rows]]:
             ("report on disk -> webhook received, max", f"{max(delays) * 1000:.1f} ms", "-"),
         ],
     )
+    yield "Vendor sinks against their loopback stand-ins", _vendor_rows()
+
+
+def _vendor_rows() -> Rows:
+    """Sizes as sent (JSON, before the per-attempt signature), and one delivery's time."""
+    standins = start_all()
+    items, env = vendor_sinks(standins)
+    os.environ.update(env)
+    small = sample_report(load_config(REPO / "examples" / "hang_demo" / "config.yaml"))
+    big = synthetic_report(1024, 40, name="\u5c42" * 400)  # 6 bytes a character, escaped
+    rows: Rows = []
+    try:
+        for spec in parse(items, "bench"):
+            sizes = [len(render(spec, report)) for report in (small, big)]
+            with tempfile.TemporaryDirectory() as tmp:
+                notifier = Notifier([spec], Path(tmp) / "spool", Redactor(), lambda _m: None)
+                started = time.time()
+                notifier.submit(small)
+                notifier.close(30)
+            standin = standins[spec.type]
+            took = standin.seen[0].at - started if standin.accepted else float("nan")
+            rows.append((f"{spec.type}: bytes (sample; 1,024 ranks, 40 groups)",
+                         f"{sizes[0]:,}; {sizes[1]:,}", f"under {LIMITS[spec.type]}"))  # fmt: skip
+            rows.append((f"{spec.type}: report submitted -> accepted", f"{took * 1000:.1f} ms",
+                         "seconds"))  # fmt: skip
+    finally:
+        for standin in standins.values():
+            standin.close()
+    return rows
