@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, Field, fields
 from typing import Any
 
 from areal_watchdog.common.errors import ConfigError
@@ -16,7 +16,11 @@ from areal_watchdog.common.errors import ConfigError
 
 def default(section: type, name: str) -> Any:
     """A field's default, as declared once on its dataclass."""
-    spec = next(f for f in fields(section) if f.name == name)
+    return field_default(next(f for f in fields(section) if f.name == name))
+
+
+def field_default(spec: Field) -> Any:
+    """The default a dataclass field declares (its factory's value, for a list or a dict)."""
     return spec.default_factory() if spec.default is MISSING else spec.default  # type: ignore[misc]
 
 

@@ -9,6 +9,8 @@ from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
 from enum import Enum
 from typing import Any
 
+from areal_watchdog.config.checks import field_default
+
 
 class Choice(str, Enum):
     """A key whose value is one of a few words; formats and prints as the word itself."""
@@ -98,6 +100,5 @@ def declared(section: type, prefix: str) -> list[Declared]:
         if is_dataclass(kind):
             found += declared(kind, path)
         else:
-            value = spec.default_factory() if spec.default is MISSING else spec.default  # type: ignore[misc]
-            found.append(Declared(path, kind, value, spec))
+            found.append(Declared(path, kind, field_default(spec), spec))
     return found

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Callable
-from dataclasses import MISSING, Field, fields, is_dataclass
+from dataclasses import Field, fields, is_dataclass
 from enum import Enum
 from typing import Any
 
-from areal_watchdog.config.checks import Checker
+from areal_watchdog.config.checks import Checker, field_default
 
 Special = dict[str, Callable[[Checker, dict[str, Any], str], Any]]
 
@@ -37,7 +37,7 @@ def read_section(
 def read_value(check: Checker, tree: dict[str, Any], path: str, kind: Any, spec: Field) -> Any:
     """One leaf, checked as its type and declaration say."""
     meta = spec.metadata
-    default = spec.default_factory() if spec.default is MISSING else spec.default  # type: ignore[misc]
+    default = field_default(spec)
     low = meta.get("minimum")
     if meta.get("auto"):  # absent or 'auto': None, learned at run time
         if tree.get(check.leaf(path), "auto") == "auto":

@@ -183,11 +183,14 @@ class Notifier:
                        lambda sink, _thread: sink.resolution(item.report, item.reason),
                        self.log, "resolution")  # fmt: skip
 
-    def _resolved(self, incident_id: str) -> bool:
+    def _resolved(self, incidents: list[str]) -> set[str]:
+        """Those of ``incidents`` every resolving sink has resolved (the ledger says)."""
         done = self.spool.delivered_ids()
-        return all(
-            delivery_id(f"{incident_id}|{RESOLVED}", spec) in done for spec in self.resolving
-        )
+        return {
+            incident
+            for incident in incidents
+            if all(delivery_id(f"{incident}|{RESOLVED}", s) in done for s in self.resolving)
+        }
 
     def _upload(self, picture: Picture) -> None:
         """Into each thread the incident's report started (the ledger has its first post)."""

@@ -22,7 +22,7 @@ class OpenIncidents:
     """The open incidents of one run, read from ``incidents_dir`` on first use."""
 
     incidents_dir: Path | None
-    resolved: Callable[[str], bool]  # whether every resolving sink has the incident resolved
+    resolved: Callable[[list[str]], set[str]]  # which of these every resolving sink resolved
     reports: dict[str, dict[str, Any]] = field(default_factory=dict)
     loaded: bool = False
 
@@ -52,12 +52,18 @@ class OpenIncidents:
         return reports
 
     def _load(self) -> None:
-        if self.loaded or self.incidents_dir is None:
-            self.loaded = True
+        if self.loaded:
             return
         self.loaded = True
+        if self.incidents_dir is None:
+            return
+        found: dict[str, dict[str, Any]] = {}
         for path in sorted(self.incidents_dir.glob("*/report.json")):
             report = read_json(path)
             incident = report.get("incident_id") if isinstance(report, dict) else None
-            if isinstance(incident, str) and not self.resolved(incident):
+            if isinstance(incident, str):
+                found[incident] = report
+        done = self.resolved(list(found))  # the ledger, read once
+        for incident, report in found.items():
+            if incident not in done:
                 self.reports.setdefault(incident, report)

@@ -14,6 +14,7 @@ from areal_watchdog.notify.sinks.digest import (
     MAX_WHERE_CHARS,
     clip,
     facts,
+    fold_line,
     headline,
     job_name,
     ranks,
@@ -91,12 +92,7 @@ def _group_blocks(groups: list[dict[str, Any]], room: int, budget: int) -> list[
         budget -= cost
     hidden = groups[len(blocks) :]
     if hidden:
-        count = sum(len(g["ranks"]) for g in hidden)
-        blocks.append(
-            _section(
-                f"\u2026 and {len(hidden)} more stack groups ({count} ranks): see the full report."
-            )
-        )
+        blocks.append(_section(f"{fold_line(hidden)}."))
     return blocks
 
 

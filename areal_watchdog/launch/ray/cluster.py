@@ -114,8 +114,7 @@ class OwnCluster:
         raylets = Raylets([], make_private(Path(self.temp_dir).parent))
         names = self.node_names()
         for argv, name in zip(self.commands(python), names, strict=True):
-            log = logs / f"ray_start_{name}.log"
-            with open_append(log) as out:  # never a planted symlink
+            with open_append(_log(logs, name)) as out:  # never a planted symlink
                 proc = subprocess.Popen(
                     [*argv, "--block"], env=cluster_environment(), stdout=out,
                     stderr=subprocess.STDOUT, start_new_session=True,
@@ -123,16 +122,21 @@ class OwnCluster:
                 )  # fmt: skip
             raylets.procs.append(proc)
             if name == HEAD_NAME and not _answers(self.address, proc):
-                ended = _ended(name, log, proc)
+                ended = _ended(name, _log(logs, name), proc)
                 return raylets, ended or "the head's Jobs API never answered", bool(ended)
         joined = _joined(self.address, self.nodes, raylets.procs)
         if joined >= self.nodes:
             return raylets, None, False
         for name, proc in zip(names, raylets.procs, strict=True):
             if proc.poll() is not None:
-                return raylets, _ended(name, logs / f"ray_start_{name}.log", proc), True
+                return raylets, _ended(name, _log(logs, name), proc), True
         waited = f"{joined} of {self.nodes} raylets joined within {START_TIMEOUT_S:g} s"
         return raylets, f"{waited} (their logs: {logs}/ray_start_*.log)", False
+
+
+def _log(logs: Path, name: str) -> Path:
+    """Where a node's ``ray start`` writes."""
+    return logs / f"ray_start_{name}.log"
 
 
 def _ended(name: str, log: Path, proc: subprocess.Popen) -> str:

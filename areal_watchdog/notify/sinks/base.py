@@ -10,6 +10,7 @@ so a message sent from the spool an hour later is signed then.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -89,7 +90,7 @@ class Sink:
         """The message for a posted report, inside the vendor's limits."""
         raise NotImplementedError
 
-    def note(self, title: str, text: str, thread: dict[str, str] | None) -> dict[str, Any] | None:
+    def note(self, text: str, thread: dict[str, str] | None) -> dict[str, Any] | None:
         """A short follow-up message (None: this sink takes none)."""
         return None
 
@@ -97,7 +98,7 @@ class Sink:
         self, report: dict[str, Any], recovery: dict[str, Any], thread: dict[str, str] | None
     ) -> dict[str, Any] | None:
         """What ``on_hang: resume`` decided about the incident."""
-        return self.note("areal-watchdog: recovery", recovery_line(report, recovery), thread)
+        return self.note(recovery_line(report, recovery), thread)
 
     def resolution(self, report: dict[str, Any], reason: str) -> dict[str, Any] | None:
         """The incident is over (progress resumed, the job ended well): None unless the
@@ -118,3 +119,22 @@ class Sink:
     def answer(self, text: str) -> Answer:
         """A 2xx answer's body, read."""
         return Answer(True)
+
+
+def coded_answer(
+    text: str, vendor: str, codes: tuple[str, ...], messages: tuple[str, ...], too_fast: int
+) -> Answer:
+    """A chat robot's 200 that carries a code (Feishu, DingTalk): 0 is a delivery, ``too_fast``
+    is retried, any other code is refused with the vendor's message. ``codes`` and
+    ``messages``: the keys that may hold them, the first found wins."""
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        return Answer(False, f"{vendor}: the answer is not JSON", retryable=False)
+    code = next((answer[k] for k in codes if k in answer), None)
+    if code == 0:
+        return Answer(True)
+    message = str(next((answer[k] for k in messages if answer.get(k)), ""))[:200]
+    return Answer(False, f"{vendor}: {codes[0]} {code}: {message}", retryable=code == too_fast)

@@ -77,20 +77,25 @@ def group_lines(report: dict[str, Any], shown: int) -> list[str]:
     lines = [f"{ranks(g['ranks'])}: {clip(g['where'], MAX_WHERE_CHARS)}" for g in groups[:shown]]
     hidden = groups[shown:]
     if hidden:
-        count = sum(len(g["ranks"]) for g in hidden)
-        lines.append(
-            f"\u2026 and {len(hidden)} more stack groups ({count} ranks): see the full report, "
-            f"{report_path(report)}"
-        )
+        lines.append(f"{fold_line(hidden)}, {report_path(report)}")
     return lines
 
 
-def fit(build: Callable[[int], dict[str, Any]], groups: int, limit: int) -> dict[str, Any]:
-    """The message with as many stack groups as keep its JSON within ``limit`` bytes."""
-    shown = min(groups, MAX_GROUPS_SHOWN)
-    while shown > 0 and size(build(shown)) > limit:
+def fold_line(hidden: list[dict[str, Any]]) -> str:
+    """``... and 25 more stack groups (984 ranks): see the full report``."""
+    count = sum(len(g["ranks"]) for g in hidden)
+    return f"\u2026 and {len(hidden)} more stack groups ({count} ranks): see the full report"
+
+
+def fit(
+    build: Callable[[dict[str, Any], int], dict[str, Any]], report: dict[str, Any], limit: int
+) -> dict[str, Any]:
+    """``build(report, shown)`` with as many stack groups shown as keep its JSON within
+    ``limit`` bytes."""
+    shown = min(len(report["groups"]), MAX_GROUPS_SHOWN)
+    while shown > 0 and size(build(report, shown)) > limit:
         shown -= 1
-    return build(shown)
+    return build(report, shown)
 
 
 def size(message: dict[str, Any]) -> int:

@@ -5,11 +5,10 @@ signature, 130101 too fast). Messages are kept under 20,000 bytes."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 from urllib.parse import quote_plus
 
-from areal_watchdog.notify.sinks.base import Answer, Keys, Request, Sink
+from areal_watchdog.notify.sinks.base import Answer, Keys, Request, Sink, coded_answer
 from areal_watchdog.notify.sinks.digest import clip, facts, fit, group_lines, headline, report_path
 from areal_watchdog.notify.sinks.signing import dingtalk_sign
 
@@ -29,9 +28,9 @@ class DingTalkSink(Sink):
     keys = Keys(SECRETS, (("url",), ("secret",)))
 
     def report(self, report: dict[str, Any]) -> dict[str, Any]:
-        return fit(lambda shown: _markdown(report, shown), len(report["groups"]), MAX_BODY_BYTES)
+        return fit(_markdown, report, MAX_BODY_BYTES)
 
-    def note(self, title: str, text: str, thread: dict[str, str] | None) -> dict[str, Any]:
+    def note(self, text: str, thread: dict[str, str] | None) -> dict[str, Any]:
         return {"msgtype": "text", "text": {"content": text}}
 
     def request(self, values: dict[str, str], body: bytes, message_id: str, now: float) -> Request:
@@ -42,15 +41,7 @@ class DingTalkSink(Sink):
         return Request(f"{url}{joiner}timestamp={timestamp}&sign={sign}", body)
 
     def answer(self, text: str) -> Answer:
-        try:
-            answer = json.loads(text)
-        except ValueError:
-            return Answer(False, "DingTalk: the answer is not JSON", retryable=False)
-        code = answer.get("errcode") if isinstance(answer, dict) else None
-        if code == 0:
-            return Answer(True)
-        message = str(answer.get("errmsg") or "")[:200] if isinstance(answer, dict) else ""
-        return Answer(False, f"DingTalk: errcode {code}: {message}", retryable=code == TOO_FAST)
+        return coded_answer(text, "DingTalk", ("errcode",), ("errmsg",), TOO_FAST)
 
 
 def _markdown(report: dict[str, Any], shown: int) -> dict[str, Any]:

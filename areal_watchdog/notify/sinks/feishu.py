@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from areal_watchdog.notify.envelope import encode, is_warning
-from areal_watchdog.notify.sinks.base import Answer, Keys, Request, Sink
+from areal_watchdog.notify.sinks.base import Answer, Keys, Request, Sink, coded_answer
 from areal_watchdog.notify.sinks.digest import clip, facts, fit, group_lines, headline, report_path
 from areal_watchdog.notify.sinks.signing import feishu_sign
 
@@ -28,10 +28,9 @@ class FeishuSink(Sink):
     pace = 0.6  # 100 messages a minute per bot
 
     def report(self, report: dict[str, Any]) -> dict[str, Any]:
-        return fit(lambda shown: _card(report, shown), len(report["groups"]),
-                   MAX_BODY_BYTES - SIGN_ROOM)  # fmt: skip
+        return fit(_card, report, MAX_BODY_BYTES - SIGN_ROOM)
 
-    def note(self, title: str, text: str, thread: dict[str, str] | None) -> dict[str, Any]:
+    def note(self, text: str, thread: dict[str, str] | None) -> dict[str, Any]:
         return {"msg_type": "text", "content": {"text": text}}
 
     def request(self, values: dict[str, str], body: bytes, message_id: str, now: float) -> Request:
@@ -41,15 +40,8 @@ class FeishuSink(Sink):
         return Request(values["url"], encode(signed))
 
     def answer(self, text: str) -> Answer:
-        try:
-            answer = json.loads(text)
-        except ValueError:
-            return Answer(False, "Feishu: the answer is not JSON", retryable=False)
-        code = answer.get("code", answer.get("StatusCode")) if isinstance(answer, dict) else None
-        if code == 0:
-            return Answer(True)
-        message = str(answer.get("msg") or answer.get("StatusMessage") or "")[:200]
-        return Answer(False, f"Feishu: code {code}: {message}", retryable=code == RATE_LIMITED)
+        return coded_answer(text, "Feishu", ("code", "StatusCode"), ("msg", "StatusMessage"),
+                            RATE_LIMITED)  # fmt: skip
 
 
 def _card(report: dict[str, Any], shown: int) -> dict[str, Any]:

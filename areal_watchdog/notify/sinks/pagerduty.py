@@ -41,7 +41,7 @@ class PagerDutySink(Sink):
         return self.option("api_url")
 
     def report(self, report: dict[str, Any]) -> dict[str, Any]:
-        return fit(lambda shown: _trigger(report, shown), len(report["groups"]), MAX_BODY_BYTES)
+        return fit(_trigger, report, MAX_BODY_BYTES)
 
     def resolution(self, report: dict[str, Any], reason: str) -> dict[str, Any]:
         return {"event_action": "resolve", "dedup_key": report["incident_id"]}

@@ -9,7 +9,15 @@ from typing import Any
 
 from areal_watchdog.common.plugins import load, registered
 from areal_watchdog.config.checks import Checker
-from areal_watchdog.config.sinks import ResolvedSink, SecretError, SinkSpec, parse_sinks, resolve
+from areal_watchdog.config.sinks import (
+    COMMON_KEYS,
+    SOURCE_SUFFIXES,
+    ResolvedSink,
+    SecretError,
+    SinkSpec,
+    parse_sinks,
+    resolve,
+)
 from areal_watchdog.notify.sinks.base import Sink
 
 ENTRY_POINTS = "areal_watchdog.sinks"
@@ -83,8 +91,8 @@ def _check_one(check: Checker, spec: SinkSpec, where: str) -> None:
         if name in keys.secrets:
             raise check.fail(f"{where}.{name}", f"secrets never sit in the config: use "
                              f"{name}_env (a variable name) or {name}_file (a path)")  # fmt: skip
-    known = {"type", "name", "timeout", "max_attempts", "backoff", *keys.options}
-    known |= {f"{f}_{how}" for f in keys.secrets for how in ("env", "file")}
+    known = {*COMMON_KEYS, *keys.options}
+    known |= {f"{f}{suffix}" for f in keys.secrets for suffix in SOURCE_SUFFIXES}
     given = {*spec.options, *(f"{f}_{next(iter(src))}" for f, src in spec.sources.items())}
     check.known_keys({k: None for k in given}, where, known)
     for group in keys.required:

@@ -47,7 +47,7 @@ class SlackSink(Sink):
         channel = self.option("channel")
         return {**message, "channel": channel} if channel else message
 
-    def note(self, title: str, text: str, thread: dict[str, str] | None) -> dict[str, Any]:
+    def note(self, text: str, thread: dict[str, str] | None) -> dict[str, Any]:
         message: dict[str, Any] = {"text": text}
         if self.option("channel"):
             message["channel"] = (thread or {}).get("channel") or self.option("channel")

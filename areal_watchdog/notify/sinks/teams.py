@@ -24,10 +24,9 @@ class TeamsSink(Sink):
     )
 
     def report(self, report: dict[str, Any]) -> dict[str, Any]:
-        return fit(lambda shown: _message(_body(report, shown)), len(report["groups"]),
-                   MAX_BODY_BYTES)  # fmt: skip
+        return fit(lambda report, shown: _message(_body(report, shown)), report, MAX_BODY_BYTES)
 
-    def note(self, title: str, text: str, thread: dict[str, str] | None) -> dict[str, Any]:
+    def note(self, text: str, thread: dict[str, str] | None) -> dict[str, Any]:
         return _message([{"type": "TextBlock", "text": text, "wrap": True}])
 
     def answer(self, text: str) -> Answer:
