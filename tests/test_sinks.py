@@ -159,6 +159,25 @@ def test_a_resumed_attempt_resolves_the_incidents_of_the_one_before_once(
     ]
 
 
+def test_a_planted_link_in_the_incidents_folder_is_never_resolved(
+    standins: dict[str, StandIn], report: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resumed sidecar reads the earlier incidents: a report.json, or an incident folder,
+    that is a link to somewhere else is not one of them."""
+    spec = specs(standins, monkeypatch)["pagerduty"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "report.json").write_text(json.dumps({**report, "incident_id": "i-planted"}))
+    incidents = tmp_path / "incidents"
+    (incidents / "i-file").mkdir(parents=True)
+    (incidents / "i-file" / "report.json").symlink_to(elsewhere / "report.json")
+    (incidents / "i-folder").symlink_to(elsewhere)
+    notifier = Notifier([spec], tmp_path / "spool", Redactor(), print, incidents_dir=incidents)
+    notifier.progressed(time.time(), 1)
+    notifier.close(20)
+    assert standins["pagerduty"].seen == []
+
+
 @pytest.mark.parametrize(
     ("item", "key", "says"),
     [

@@ -59,7 +59,9 @@ class OpenIncidents:
             return
         found: dict[str, dict[str, Any]] = {}
         for path in sorted(self.incidents_dir.glob("*/report.json")):
-            report = read_json(path)
+            if path.parent.is_symlink():
+                continue  # a folder planted as a link is no incident of ours
+            report = read_json(path)  # a report.json that is a link is not read
             incident = report.get("incident_id") if isinstance(report, dict) else None
             if isinstance(incident, str):
                 found[incident] = report
