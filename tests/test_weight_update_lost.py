@@ -134,24 +134,49 @@ def post(address: str, path: str, timeout: float) -> bool:
         return False
 
 
+def start_standin(servers: list[subprocess.Popen], *args: str) -> str:
+    """One stand-in SGLang server on 127.0.0.1 (kept in ``servers``, for the caller to kill),
+    once it serves; its address."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, str(STANDIN), "--port", str(port), *args]
+    servers.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
+    assert servers[-1].stdout is not None and "serving" in servers[-1].stdout.readline()
+    return f"127.0.0.1:{port}"
+
+
 def test_the_standins_fault_holds_one_servers_update_and_says_which(tmp_path: Path) -> None:
     claim = tmp_path / "held"
-    ports, servers = [], []
+    servers: list[subprocess.Popen] = []
     try:
-        for _ in range(2):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                ports.append(s.getsockname()[1])
-            args = ["--port", str(ports[-1]), "--hold-update-after", "1",
-                    "--hold-update-claim", str(claim)]  # fmt: skip
-            servers.append(subprocess.Popen([sys.executable, str(STANDIN), *args],
-                                            stdout=subprocess.PIPE, text=True))  # fmt: skip
-            assert servers[-1].stdout is not None and "serving" in servers[-1].stdout.readline()
-        addresses = [f"127.0.0.1:{p}" for p in ports]
+        fault = ("--hold-update-after", "1", "--hold-update-claim", str(claim))
+        addresses = [start_standin(servers, *fault) for _ in range(2)]
         assert all(post(a, "/update_weights_from_disk", 5) for a in addresses)  # the first: kept
         answered = {a: post(a, "/update_weights_from_disk", 1) for a in addresses}
         assert answered == {a: a != claim.read_text() for a in addresses}
         assert all(post(a, "/pause_generation", 5) for a in addresses)  # the rest still answers
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
+
+
+def test_the_standins_wedge_holds_generation_and_probes_but_answers_pause_and_updates() -> None:
+    """The wedged server the AReaL tests use: after its N-th generate request nothing generates
+    and /health goes unanswered, while pause, weight updates and continue still answer, so the
+    trainer ends waiting for rollouts after the steps it has them for, whenever the wedge fell
+    in its step (CI once saw a wedge mid-step hold the step's pause, and with it its step line)."""
+    servers: list[subprocess.Popen] = []
+    try:
+        address = start_standin(servers, "--wedge-after", "1")
+        assert post(address, "/generate", 5)
+        assert not post(address, "/generate", 1)
+        with pytest.raises(TimeoutError):
+            urllib.request.urlopen(f"http://{address}/health", timeout=1)
+        control = ("/pause_generation", "/update_weights_from_disk", "/continue_generation")
+        assert [post(address, path, 5) for path in control] == [True, True, True]
+        assert not post(address, "/generate", 1)
     finally:
         for server in servers:
             server.kill()

@@ -23,8 +23,11 @@ probes read, and it only ever listens on a loopback address:
 
 With ``--model-path`` tokens are sampled from a real causal LM (``transformers``, CPU), so the
 trainer learns from real log-probabilities; without it they come from a seeded generator.
-``--wedge-after N`` makes the server stop answering anything after N generate requests, as a
-wedged scheduler does (the socket still accepts).
+``--wedge-after N`` makes the server stop generating after N generate requests, as a wedged
+scheduler does (the socket still accepts): generate requests and every GET (``/health``,
+``/metrics``, ...) go unanswered, while pause, continue and weight updates still answer. The
+trainer finishes the steps it has rollouts for and then waits for rollouts, whenever the wedge
+falls in its step (a pause that never answered would hold it before its step line instead).
 ``--hold-update-after N`` makes it apply N weight updates and then never answer the next one,
 while it still answers everything else: a lost weight update (AReaL's controller and rollout
 worker then wait for it forever). With ``--hold-update-claim PATH`` only the first server to
@@ -232,9 +235,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's naming
         body = self._body()
-        self._wedge_check()
         s = self.state
         if self.path == "/generate":
+            self._wedge_check()
             self._reply(self._generate(body))
         elif self.path in ("/pause_generation", "/continue_generation"):
             s.pause(self.path == "/pause_generation")

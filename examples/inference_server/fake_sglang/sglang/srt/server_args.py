@@ -1,10 +1,10 @@
 """``prepare_server_args``: where AReaL's launch_server hands over its arguments; the stand-in
 serves them and never returns.
 
-``AREAL_STANDIN_WEDGE_AFTER=N`` in the environment makes the server wedge after N generate
-requests (the rollout worker passes its environment on to the server it starts); with
-``AREAL_STANDIN_WEDGE_ONCE=PATH`` too, only the first server to create ``PATH`` does (a job
-resumed after the hang finds it and serves).
+``AREAL_STANDIN_WEDGE_AFTER=N`` in the environment makes the server stop generating (and
+answering its health check) after N generate requests (the rollout worker passes its
+environment on to the server it starts); with ``AREAL_STANDIN_WEDGE_ONCE=PATH`` too, only the
+first server to create ``PATH`` does (a job resumed after the hang finds it and serves).
 ``AREAL_STANDIN_HOLD_UPDATE_AFTER=N`` makes it never answer the weight update after its N-th;
 with ``AREAL_STANDIN_HOLD_UPDATE_CLAIM=PATH`` only the first server to create ``PATH`` (one of
 the job's servers), which writes its address there.
