@@ -47,6 +47,7 @@ from areal_watchdog.notify.command import check_sinks, cmd_notify_test, config_s
 from areal_watchdog.notify.sinks.registry import key_lines
 from areal_watchdog.recover.checks import check_resumable, resume_notes, tokenizer_warning
 from areal_watchdog.recover.resume import recovery_lines, run_resuming
+from areal_watchdog.report.build import load_schema
 from areal_watchdog.report.run_status import status_lines
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.trajectory.replay_plan import ReplayRequest, plan_replay_config
@@ -57,6 +58,7 @@ COMMANDS = (
     "replay",
     "notify-test",
     "keys",
+    "schema",
     "diagnose",
     "doctor",
     "check-consistency",
@@ -283,6 +285,16 @@ def cmd_keys(argv: list[str], _watchdog: bool) -> int:
     return ExitCode.OK
 
 
+def cmd_schema(argv: list[str], _watchdog: bool) -> int:
+    argparse.ArgumentParser(
+        prog="areal-launch schema",
+        description="The JSON Schema of report.json, the hang kinds' names included "
+        "(docs/report-schema.md).",
+    ).parse_args(argv)
+    print(json.dumps(load_schema(), indent=2))
+    return ExitCode.OK
+
+
 def cmd_diagnose(argv: list[str], _watchdog: bool) -> int:
     parser = argparse.ArgumentParser(
         prog="areal-launch diagnose",
@@ -318,6 +330,7 @@ HANDLERS: dict[str, Callable[[list[str], bool], int]] = {
     "replay": cmd_replay,
     "notify-test": cmd_notify_test,
     "keys": cmd_keys,
+    "schema": cmd_schema,
     "diagnose": cmd_diagnose,
     "doctor": cmd_doctor,
     "check-consistency": cmd_check_consistency,

@@ -3,15 +3,31 @@ categories and the escalation read that table, and these tests fail when one of 
 
 from __future__ import annotations
 
+import json
+
+import jsonschema
+import pytest
+
+from areal_watchdog.cli import main
 from areal_watchdog.diagnose.kinds import CATEGORIES, CAUSES, Severity, kind_of, title
-from areal_watchdog.report.build import load_schema
+from areal_watchdog.report.build import SCHEMA_VERSION, load_schema
 from areal_watchdog.watch.escalation import CONCLUSIVE_CATEGORIES, DAMAGE, TIME_DECIDES
 
 
-def test_the_report_schema_names_exactly_the_declared_kinds() -> None:
-    properties = load_schema()["properties"]
+def test_the_report_schema_names_exactly_the_declared_kinds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """What ``areal-launch schema`` prints, and what every report is validated against."""
+    assert main(["schema"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["$id"].endswith(f"/report/{SCHEMA_VERSION}")
+    properties = printed["properties"]
     assert properties["category"]["enum"] == [k.name for k in CATEGORIES]
     assert properties["cause"]["enum"] == [None, *(k.name for k in CAUSES)]
+    kinds = load_schema()["properties"]
+    jsonschema.validate("straggler", kinds["category"])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate("not_a_kind", kinds["category"])
 
 
 def test_the_escalation_reads_the_table() -> None:

@@ -4,7 +4,8 @@ Layout of one incident: ``<run_dir>/incidents/<incident_id>/`` with ``report.jso
 ``report.md``, ``evidence.json`` (everything gathered, replayable into the classifier),
 ``stacks/rank_<r>.txt`` and ``logs/rank_<r>.txt`` (``<role>_<index>_pid<pid>.txt`` for the
 parts of an AReaL job that are not ranks). The schema is ``schema.json`` beside
-this module and is documented in ``docs/report-schema.md``.
+this module, with the hang kinds' names from ``diagnose/kinds.py`` (``load_schema``), and is
+documented in ``docs/report-schema.md``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from areal_watchdog.config.model import HangAction
 from areal_watchdog.diagnose.activity import work_thread
+from areal_watchdog.diagnose.kinds import CATEGORIES, CAUSES
 from areal_watchdog.diagnose.verdict import Activity, Verdict
 from areal_watchdog.evidence.model import EXITED, Evidence, RankEvidence
 from areal_watchdog.evidence.trigger import Trigger
@@ -176,5 +178,10 @@ def _identity(process: RankEvidence) -> dict[str, Any]:
 
 
 def load_schema() -> dict[str, Any]:
-    """The JSON Schema every report.json validates against."""
-    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    """The JSON Schema every report.json validates against. The category and cause enums come
+    from the table of hang kinds, so that a new kind is declared in one place."""
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    properties = schema["properties"]
+    properties["category"]["enum"] = [k.name for k in CATEGORIES]
+    properties["cause"]["enum"] = [None, *(k.name for k in CAUSES)]
+    return schema
