@@ -10,13 +10,8 @@ import regex
 
 from areal_watchdog.config.model import DEFAULT_STEP_REGEX
 from areal_watchdog.rundir.pace import interval_summary
-from areal_watchdog.watch.progress import (
-    GLOB_EVERY,
-    StallClock,
-    StepLogTail,
-    find_progress,
-    learned_threshold,
-)
+from areal_watchdog.watch.progress import StallClock, learned_threshold
+from areal_watchdog.watch.step_log import GLOB_EVERY, StepLogTail, find_progress
 
 AREAL_LINE = (
     "\x1b[32m(AReaL) 20260829-00:00:00.000 StatsLogger INFO:\x1b[0m Epoch 2/2 "
@@ -62,6 +57,37 @@ def test_log_tail_reads_only_new_lines_and_survives_partial_lines_and_rotation(
     assert tail.poll() == [1]
     (tmp_path / "new.log").write_text("step 9\n")  # a file that appears later: read fully,
     assert sum((tail.poll() for _ in range(GLOB_EVERY)), []) == [9]  # found within 10 polls
+
+
+def test_step_intervals_come_from_the_step_lines_own_timestamps(tmp_path: Path) -> None:
+    """0.5 s steps seen by polls a second apart: the intervals are the lines' 0.5 s, not the
+    polls' 0 s and 1 s; a line without a timestamp falls back to the poll's time."""
+    log = tmp_path / "main.log"
+    log.write_text("")
+    tail = StepLogTail([str(log)], DEFAULT_STEP_REGEX)
+    tail.poll()
+    clock = StallClock(None, 60.0, started_at=0.0)
+    lines = [AREAL_LINE.replace("00:00:00.000", f"00:00:0{i // 2}.{5 * (i % 2)}00")
+                       .replace("236/466", f"{i}/466") for i in range(1, 6)]  # fmt: skip
+    for now, chunk in ((1.0, lines[:2]), (2.0, lines[2:3]), (3.0, lines[3:])):
+        with log.open("a") as fh:
+            fh.write("".join(line + "\n" for line in chunk))
+        for step in tail.poll():
+            clock.step(step, now, tail.stamps.get(step))
+    assert list(clock.intervals) == [0.5, 0.5, 0.5, 0.5]
+    assert clock.stats["median"] == 0.5
+    clock.step(6, 9.0)  # a heartbeat: no timestamp of its own
+    assert clock.intervals[-1] == 6.0
+
+
+def test_a_second_look_in_the_warm_up_is_timed_by_the_steps_so_far() -> None:
+    """Before the learned threshold (60 s at the least in the warm-up), a second look waits
+    half of what the steps so far would give, not half the floor."""
+    clock = StallClock(None, 60.0, started_at=0.0)
+    clock.step(1, 10.0)
+    clock.step(2, 10.3)
+    assert clock.threshold == 60.0 and clock.stepping_basis == 5.0
+    assert StallClock(8.0, 60.0, started_at=0.0).stepping_basis == 60.0  # before any step
 
 
 def test_stall_clock_fixed_threshold_and_startup() -> None:

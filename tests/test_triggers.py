@@ -30,6 +30,7 @@ HEALTHY = Snapshot(
     in_flight_over=float("-inf"),
     in_flight_op="",
     silent_nodes=(),
+    servers_refusing=(),
     ended_nodes=0,
     n_nodes=2,
     silent_job_nodes=0,
@@ -48,6 +49,19 @@ def triggers(snap: Snapshot, reported: Reported = NOTHING_YET) -> list:
 
 def test_a_healthy_job_triggers_nothing() -> None:
     assert triggers(HEALTHY) == []
+
+
+def test_a_server_that_refuses_connections_opens_a_look_at_once_whatever_the_threshold() -> None:
+    """One second into the silence, warm-up or not: a refused connection is a fact. Once a
+    silence, after a failure reported first, never on purpose."""
+    dead = replace(HEALTHY, servers_refusing=("127.0.0.1:30000",))
+    actions, reported = decide(dead, NOTHING_YET)
+    assert [(a.trigger, a.servers) for a in actions] == [
+        (Trigger.SERVER_REFUSED, ("127.0.0.1:30000",))
+    ]
+    assert triggers(dead, reported) == []
+    assert triggers(dead, Reported(failure=True)) == []
+    assert triggers(replace(dead, ending_on_purpose=True)) == []
 
 
 def test_a_silence_is_suspected_then_reported_once() -> None:

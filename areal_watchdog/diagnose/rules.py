@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from areal_watchdog.common.rankset import ranks_phrase
 from areal_watchdog.diagnose.activity import describe
 from areal_watchdog.diagnose.phrases import all_ranks, cap, is_are, their, verb
+from areal_watchdog.diagnose.rollout_evidence import addresses, server_entry
 from areal_watchdog.diagnose.verdict import Activity, Verdict, culprit_entry
 from areal_watchdog.evidence.model import (
     BLOCKED,
@@ -97,7 +98,9 @@ def _node_lost(scene: Scene) -> Verdict | None:
 def _controller_failed(scene: Scene) -> Verdict | None:
     """AReaL's single controller raised (an ``EngineCallError`` carrying a worker's error, a
     bug in the script) and the workers were ended after it: the controller's exception is the
-    story, not the ranks its teardown killed. A rank that raised before it comes first."""
+    story, not the ranks its teardown killed, and an inference server that refuses connections
+    is named beside it (an engine call against a dead server). A rank that raised before it
+    comes first."""
     controller = next(
         (w for w in scene.evidence.workers if w.role == "controller" and _failed(w)), None
     )
@@ -109,13 +112,15 @@ def _controller_failed(scene: Scene) -> Verdict | None:
         return None
     ended = [r.rank for r in scene.evidence.ranks if r.state == EXITED]
     after = f"; {ranks_phrase(ended)} ended after it" if ended else ""
+    dead = [s for s in scene.evidence.servers if s.get("state") == "unreachable"]
+    servers = f" The inference server {addresses(dead)} refuses connections (dead?)." * bool(dead)
     return Verdict(
         "rank_crashed",
         0.9,
         [],
         f"The controller failed: {describe(controller).where}"
-        f"{_error_line(controller, 400)}{after}.",
-        culprit_workers=[culprit_entry(controller)],
+        f"{_error_line(controller, 400)}{after}.{servers}",
+        culprit_workers=[culprit_entry(controller), *map(server_entry, dead)],
     )
 
 

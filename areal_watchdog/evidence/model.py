@@ -73,6 +73,7 @@ class RankEvidence:
     cpu_utilization: float | None = None  # cores busy over the last poll interval (1.0 = one core)
     process_status: str | None = None  # psutil's status at dump time ("stopped": SIGSTOPped)
     gpu: dict[str, Any] | None = None  # the rank's GPU at detection: utilisation, power, state
+    counters: dict[str, Any] | None = None  # its own counters at the look (evidence.counters)
     error: str | None = None  # why no stack (or no py-spy stack) could be taken
     log_tail: str = ""
     tasks: list[dict[str, Any]] = field(default_factory=list)  # pending asyncio tasks (rank.tasks)

@@ -15,10 +15,12 @@ class Trigger(str, Enum):
 
     STALL = "stall"  # no progress for longer than the threshold
     GPU_IDLE = "gpu_idle"  # every GPU idle or spinning, and no progress
-    IN_FLIGHT = "collective_in_flight"  # every rank waits in one collective, nothing at work
+    IN_FLIGHT = "collective_in_flight"  # all but a few ranks wait in one collective
+    SERVER_REFUSED = "server_refused"  # an inference server that answered refuses connections
     RANK_EXITED = "rank_exited"  # a rank ended while others live on
     NODE_SILENT = "node_silent"  # a peer sidecar stopped answering
     JOB_FAILED = "job_failed"  # every node's job ended, some with a non-zero code
 
 
-SILENCES = (Trigger.STALL, Trigger.GPU_IDLE, Trigger.IN_FLIGHT)  # one report per silence
+# One report per silence.
+SILENCES = (Trigger.STALL, Trigger.GPU_IDLE, Trigger.IN_FLIGHT, Trigger.SERVER_REFUSED)

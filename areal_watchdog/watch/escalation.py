@@ -9,9 +9,10 @@ verdict escalates is declared with its kind (``diagnose.kinds``):
 - a verdict the stacks can prove (a mismatch of stacks alone, a wedged or paused server, a retry
   loop) is confirmed by a second look a few seconds later that finds nothing moved;
 - a wait on something outside the job whose end no evidence shows (an episode inside a tool,
-  ``workflow_stuck``), or ranks that all idle in their own code with none waiting on another
-  (an unannounced save), is only suspected: a slow phase and a dead one have the
-  same stack, so time decides, whatever moment a look runs;
+  ``workflow_stuck``), or ranks that are all in their own code with none waiting on another
+  (idle: an unannounced save; or running: every rank evaluating on the CPU), is only
+  suspected: a slow phase and a dead one have the same stack, so time decides, whatever moment
+  a look runs;
 - damage (rewards silently falling back to 0) is posted once as a warning at the look that finds
   it, and the job goes on; completions that are the damage itself (rewards scored 0 after a
   timeout) are no movement;
@@ -22,7 +23,11 @@ verdict escalates is declared with its kind (``diagnose.kinds``):
   over a second look due at the same poll, and a second look that ends past it is named for it.
   By default ``CANCEL_AFTER_FACTOR`` times the threshold or the job's longest step interval so
   far, whichever is longer (the job's history: a job whose steps wait 25 s on a saturated server
-  is not ended for it; nvidia-resiliency-ext learns its timeouts the same way).
+  is not ended for it; nvidia-resiliency-ext learns its timeouts the same way). One thing
+  outlasts it: a process that read or wrote real data since the last look by its own counters
+  (a large model's first checkpoint can write for more than 10 minutes). The limit then looks
+  again a threshold later, and ends the job the first time nothing moves data; a job that only
+  spins is ended at once.
 
 ``Escalation`` is a part of ``Incidents`` (``incident``), kept apart by concept; the decisions
 on plain values are the functions below it.
@@ -39,7 +44,7 @@ from areal_watchdog.diagnose.kinds import CATEGORIES, CAUSES, kind_of, names
 from areal_watchdog.diagnose.verdict import Verdict
 from areal_watchdog.evidence.model import Evidence
 from areal_watchdog.evidence.trigger import Trigger
-from areal_watchdog.watch.second_look import RETRY_LOOPS, marks, moved
+from areal_watchdog.watch.second_look import RETRY_LOOPS, busy_io, marks, moved
 
 CANCEL_AFTER_FACTOR = 5.0  # the default hard limit, in stall thresholds or step intervals
 # The least default hard limit under a learned threshold: a threshold of seconds starts looks,
@@ -49,7 +54,8 @@ LEARNED_CANCEL_AFTER_MIN = 600.0
 CONCLUSIVE_CATEGORIES = names(CATEGORIES, proof=True)
 CONCLUSIVE_CAUSES = names(CAUSES, proof=True)
 TIME_DECIDES = names(CAUSES, time_decides=True)  # causes no stack tells from a slow phase
-SLOW_PHASE_KINDS = frozenset({"blocked"})  # in the rank's own code, burning no CPU
+# In the rank's own code: idle (burning no CPU) or running (a CPU evaluation, a long save).
+SLOW_PHASE_KINDS = frozenset({"blocked", "running"})
 DAMAGE = names(CAUSES, damage=True)  # causes whose completions are the damage, not movement
 
 
@@ -63,11 +69,11 @@ def strength(verdict: Verdict) -> str:
 
 
 def slow_phase(verdict: Verdict) -> bool:
-    """No rank waits on another: every rank is idle in its own code (asleep, or waiting on its
-    disk), none in a collective, a receive or a rollout wait, none spinning. Nothing proves a
-    hang there (an unannounced checkpoint save looks the same), so time decides. Ranks that
-    spin in their own code stay provable: a second look ends a livelock unless their stacks
-    or GPUs moved."""
+    """No rank waits on another: every rank is in its own code, idle (asleep, or waiting on its
+    disk) or running (an evaluation on the CPU, a scoring loop), none in a collective, a
+    receive or a rollout wait. Nothing proves a hang there (an unannounced checkpoint save, an
+    evaluation every rank runs look the same), so time decides: the hard limit ends a livelock.
+    A few ranks spinning while the others wait on them stay provable (``straggler``)."""
     kinds = {a.kind for a in verdict.activities.values()}
     return verdict.category == "unknown" and bool(kinds) and kinds <= SLOW_PHASE_KINDS
 
@@ -117,6 +123,7 @@ class StallCase:
     pending: Look | None = None  # a first look waiting for its second
     due: float = 0.0  # when the second look is due
     next_look: float | None = None  # when to look again, after a dismissed or suspected look
+    writing: bool = False  # past the hard limit, a process moved real data: next_look decides
     written: tuple[Any, ...] | None = None  # the verdict of the last look written
 
 
@@ -150,11 +157,12 @@ class Escalation:
 
     def confirm_delay(self) -> float:
         """Seconds between the two looks: ``watchdog.confirm_after``, or by default half the
-        stall threshold, between 2 and 10 s."""
+        stall threshold (while it is still the warm-up's floor, half of what the steps so far
+        would give), between 2 and 10 s."""
         configured = self.info.watchdog.confirm_after
         if configured is not None:
             return configured
-        return min(10.0, max(2.0, self.clock.threshold / 2))
+        return min(10.0, max(2.0, self.clock.stepping_basis / 2))
 
     def judge(self, look: Look) -> None:
         """A first look at the silence: act, wait for a second look, or wait for time (each
@@ -200,7 +208,7 @@ class Escalation:
         stepped = self.clock.last_step != case.step
         if stepped and case.pending is None:  # the step ended the silence
             self.case = None
-        elif not stepped and self.past_limit(now):
+        elif not stepped and self.past_limit(now) and not self.still_writing(now):
             case.pending = None  # due together: the hard limit decides, and says so
             self.hard_limit(statuses, now)
         elif case.pending is not None:
@@ -210,6 +218,11 @@ class Escalation:
             case.next_look = None
             self.say(f"still no new step: look {case.looks + 1} at the silence")
             self.judge(self.look(case.trigger, case.lost, statuses))
+
+    def still_writing(self, now: float) -> bool:
+        """Past the hard limit, the last look saw real data moving: wait for the next look."""
+        case = self.case
+        return case.writing and case.next_look is not None and now < case.next_look
 
     def past_limit(self, at: float) -> bool:
         """No new step for the hard limit at ``at``."""
@@ -241,14 +254,26 @@ class Escalation:
             self.conclude(second, "second_look", after, [])
 
     def hard_limit(self, statuses: dict, now: float) -> None:
-        """No new step for ``cancel_after``: act, saying what moved since the last look."""
+        """No new step for ``cancel_after``: act, saying what moved since the last look; unless
+        a process moved real data since then (``busy_io``): a job writing at a real rate is
+        looked at again a threshold later, never ended for it."""
         case = self.case
         look = self.look(case.trigger, case.lost, statuses)
         before = case.last or look
-        what = moved(marks(before.evidence, before.step), marks(look.evidence, look.step))
+        first, second = marks(before.evidence, before.step), marks(look.evidence, look.step)
+        what, writing = moved(first, second), busy_io(first, second)
         limit = self.cancel_after()
+        silent = self.clock.silent_for(now)
+        if writing and look is not before:
+            case.last, case.writing = look, True
+            self.say(
+                f"no new step for {silent:.0f} s, past the hard limit (watchdog.cancel_after "
+                f"{limit:g} s), but {writing[0]}: looking again in {self.clock.threshold:g} s"
+            )
+            self.suspect(look, what, now, "")
+            return
         self.say(
-            f"no new step for {self.clock.silent_for(now):.0f} s: the hard limit "
+            f"no new step for {silent:.0f} s: the hard limit "
             f"(watchdog.cancel_after {limit:g} s) runs on_hang={case.action}"
         )
         self.conclude(look, "hard_limit", look.at - before.at, what)

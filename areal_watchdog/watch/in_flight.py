@@ -1,13 +1,19 @@
-"""The cheap hang sensor between looks: before the step threshold, every rank has had the
-same collective in flight far longer than that operation has ever taken, with no CPU or GPU at
-work. Then the leader looks at once (trigger ``collective_in_flight``) instead of waiting for
-the threshold; the look's evidence decides as any look's does, so the sensor costs no false
-alarm, only a look.
+"""The cheap hang sensor between looks: before the step threshold, all but a few ranks have had
+the same collective in flight far longer than that operation has ever taken (and longer than
+any step so far), and no rank moves real data by its own counters, no GPU works. Then the
+leader looks at once (trigger ``collective_in_flight``) instead of waiting for the threshold,
+from the first step on, warm-up or not; the look's evidence decides as any look's does, so the
+sensor costs no false alarm, only a look.
+
+The few ranks outside the collective are the suspects: one that spins (a runaway reward loop),
+one blocked in its data loader or in a receive that never comes, one stopped. Their CPU is no
+movement; real I/O is (a rank-0 checkpoint while the others wait is the usual shape of a
+save), and so is a GPU at work.
 
 Each node senses its own ranks while the job is silent (``sense_after``) and publishes what it
 read in its status (``Reading``); the leader's ``stuck_for`` combines the readings of every
-node. A rank that does not answer counts only when its CPU is idle (a rank stopped, or blocked
-holding the GIL)."""
+node.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from areal_watchdog.evidence.counters import real_data
 from areal_watchdog.evidence.in_flight import InFlight, sense
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.watch.node import NodeWatch
@@ -22,27 +29,29 @@ from areal_watchdog.watch.node import NodeWatch
 SENSE_AFTER_MIN = 1.0  # seconds of silence before the ranks are asked, at least
 IN_FLIGHT_MIN = 2.0  # seconds every rank's shared collective must be in flight, at least
 IN_FLIGHT_FACTOR = 5.0  # ... and this many times the longest that operation took before
-IDLE_CPU = 0.2  # cores: a rank below this burns nothing (a blocked wait, a stopped process)
+FEW = 8  # "all but a few": at most one rank in this many may be outside the collective (1 at least)
 
 
 @dataclass(frozen=True)
 class Reading:
     """One node's sensing: each answering rank's collectives in flight, the ranks that did
-    not answer and burn no CPU, and whether anything here works (a busy CPU or a working
-    GPU)."""
+    not answer, the ranks that moved real data by their own counters, and whether a GPU here
+    works."""
 
     at: float
     ranks: dict[int, list[InFlight]]
-    idle_silent: list[int]
-    busy: bool
+    silent: list[int]
+    working: list[int]
+    gpu_busy: bool = False
     took: float = 0.0  # seconds this sensing took (what it costs a poll)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "at": round(self.at, 3),
             "ranks": {str(r): [i.to_list() for i in items] for r, items in self.ranks.items()},
-            "idle_silent": self.idle_silent,
-            "busy": self.busy,
+            "silent": self.silent,
+            "working": self.working,
+            "gpu_busy": self.gpu_busy,
             "took": round(self.took, 4),
         }
 
@@ -52,8 +61,10 @@ class Reading:
         try:
             ranks = {int(r): [InFlight.from_list(i) for i in items]
                      for r, items in data["ranks"].items()}  # type: ignore[index]  # fmt: skip
-            idle = [int(r) for r in data["idle_silent"]]  # type: ignore[index]
-            return cls(float(data["at"]), ranks, idle, bool(data["busy"]))  # type: ignore[index]
+            silent = [int(r) for r in data["silent"]]  # type: ignore[index]
+            working = [int(r) for r in data["working"]]  # type: ignore[index]
+            gpu = bool(data["gpu_busy"])  # type: ignore[index]
+            return cls(float(data["at"]), ranks, silent, working, gpu)  # type: ignore[index]
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
 
@@ -76,20 +87,20 @@ class InFlightSensor:
         if silent_for < sense_after(median if isinstance(median, (int, float)) else None):
             self.forget()
             return
-        cpu = {r: w.utilization for r, w in watch.live.items() if w.utilization is not None}
+        working = [r for r, w in watch.live.items() if w.windows and real_data(*w.windows[-1][1:])]
         gpus = watch.gpus
-        working = any(gpus.state(g) == "working" for g in gpus.last)
-        self.sense(now, sorted(watch.live), cpu, working)
+        gpu_busy = any(gpus.state(g) == "working" for g in gpus.last)
+        self.sense(now, sorted(watch.live), sorted(working), gpu_busy)
 
-    def sense(self, now: float, ranks: list[int], cpu: dict[int, float], gpu_busy: bool) -> None:
-        """Ask this node's ranks (``cpu``: each rank's recent CPU use, in cores)."""
+    def sense(self, now: float, ranks: list[int], working: list[int], gpu_busy: bool) -> None:
+        """Ask this node's ranks (``working``: those that moved real data in their last poll
+        window)."""
         started = time.perf_counter()
         answers = sense(self.layout, ranks)
         self.learn(now, answers)
         silent = [r for r in ranks if r not in answers]
-        busy = gpu_busy or any(cpu.get(r, 0.0) > IDLE_CPU for r in ranks)
-        idle = [r for r in silent if r in cpu and cpu[r] <= IDLE_CPU]
-        self.reading = Reading(now, answers, idle, busy, time.perf_counter() - started)
+        self.reading = Reading(now, answers, silent, working, gpu_busy,
+                               time.perf_counter() - started)  # fmt: skip
 
     def learn(self, now: float, answers: dict[int, list[InFlight]]) -> None:
         """A collective seen in flight and gone at the next reading completed: it took at
@@ -106,9 +117,9 @@ class InFlightSensor:
         self.reading = None
 
     def limit(self, op: str, step: object = None) -> float:
-        """How long every rank may share ``op`` in flight: ``IN_FLIGHT_FACTOR`` times the
-        longest it was seen to take, and never less than a usual step (``step``, the step
-        intervals' 99th percentile: an operation never seen may fill a step) or 2 s."""
+        """How long the ranks may share ``op`` in flight: ``IN_FLIGHT_FACTOR`` times the
+        longest it was seen to take, and never less than any step so far (``step``, the
+        longest step interval: an operation never seen may fill a step) or 2 s."""
         usual = float(step) if isinstance(step, (int, float)) else 0.0
         return max(IN_FLIGHT_MIN, usual, IN_FLIGHT_FACTOR * self.longest.get(op, 0.0))
 
@@ -123,25 +134,32 @@ def sense_after(median_interval: float | None) -> float:
 def stuck_for(
     readings: list[Reading], world_size: int, now: float, limit: Any
 ) -> tuple[float, str]:
-    """How far past its limit the collective every rank shares has been in flight (seconds,
-    negative: not yet), and its operation; ``(-inf, "")`` when the readings do not cover
-    every rank, something works, or the ranks share no collective. ``limit(op)`` is the
-    operation's limit."""
+    """How far past its limit a collective that all but a few ranks (``FEW``) share has been in
+    flight (seconds, negative: not yet), and its operation; ``(-inf, "")`` when the readings do
+    not cover every rank, a rank moves real data or a GPU works, or no collective is shared so
+    widely. A collective that a rank has passed (it has a later one of the same group) has
+    completed. ``limit(op)`` is the operation's limit."""
     nothing = (float("-inf"), "")
     answered: dict[int, list[InFlight]] = {}
     covered: set[int] = set()
     for reading in readings:
-        if reading.busy:
+        if reading.gpu_busy or reading.working:
             return nothing
         answered.update(reading.ranks)
-        covered |= set(reading.ranks) | set(reading.idle_silent)
+        covered |= set(reading.ranks) | set(reading.silent)
     if not answered or covered != set(range(world_size)):
         return nothing
-    keys = [{(i.pg, i.seq) for i in items} for items in answered.values()]
-    shared = set.intersection(*keys)
+    needed = world_size - max(1, world_size // FEW)
+    newest: dict[str, int] = {}
+    members: dict[tuple[str, int], list[InFlight]] = {}
+    for items in answered.values():
+        for item in items:
+            newest[item.pg] = max(newest.get(item.pg, item.seq), item.seq)
+            members.setdefault((item.pg, item.seq), []).append(item)
     best = nothing
-    for pg, seq in shared:
-        mine = [i for items in answered.values() for i in items if (i.pg, i.seq) == (pg, seq)]
+    for (pg, seq), mine in members.items():
+        if len(mine) < max(1, needed) or seq < newest[pg]:
+            continue
         age, op = now - max(i.since for i in mine), mine[0].op
         best = max(best, (age - limit(op), op))
     return best

@@ -50,6 +50,7 @@ class Leader:
             in_flight_over=over,
             in_flight_op=op,
             silent_nodes=tuple(silent),
+            servers_refusing=self.servers_refusing(),
             ended_nodes=len([n for n in exits if n in job_nodes]),
             n_nodes=len(job_nodes),
             silent_job_nodes=len([n for n in silent if n in job_nodes]),
@@ -76,8 +77,13 @@ class Leader:
             )
         elif action.trigger is Trigger.IN_FLIGHT:
             self.say(
-                f"after {silent:.1f} s every rank waits in one {action.op} "
-                f"far longer than it ever took, nothing at work: gathering stacks from {alive}"
+                f"after {silent:.1f} s all but a few ranks wait in one {action.op} "
+                f"far longer than it ever took, nothing moving data: gathering stacks from {alive}"
+            )
+        elif action.trigger is Trigger.SERVER_REFUSED:
+            self.say(
+                f"inference server(s) {', '.join(action.servers)} refuse connections: gathering "
+                f"evidence from {alive}"
             )
         elif action.trigger is Trigger.STALL:
             self.say(
@@ -101,10 +107,21 @@ class Leader:
             published = status.get("in_flight")
             if node != self.node and published and (peer := Reading.from_dict(published)):
                 readings.append(peer)
-        p99 = self.clock.stats["p99"]
+        longest = self.clock.max_interval
         return stuck_for(
-            readings, self.info.world_size, now, lambda op: self.in_flight.limit(op, p99)
+            readings, self.info.world_size, now, lambda op: self.in_flight.limit(op, longest)
         )
+
+    def servers_refusing(self) -> tuple[str, ...]:
+        """The job's inference servers, on every node, that answered once and refuse
+        connections now; none once the job tears down (its servers are stopped then)."""
+        if self.clock.tearing_down:
+            return ()
+        found = set(self.watch.pulse.refused())
+        for node, status in self.statuses.items():
+            if node != self.node:
+                found |= {str(a) for a in status.get("servers_refusing") or []}
+        return tuple(sorted(found))
 
     def gpus_quiet_for(self, now: float) -> float:
         """How long every GPU of the job, on every node that has GPUs, has done no work."""

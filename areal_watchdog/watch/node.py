@@ -5,12 +5,14 @@ when asked."""
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
 
+from areal_watchdog.evidence.counters import Counters, rates, read_counters
 from areal_watchdog.evidence.discovery import JobProcess, Scope, discover, helpers
 from areal_watchdog.evidence.flight_recorder import collect
 from areal_watchdog.evidence.gather import GatherSettings, exit_info, gather_node, gather_workers
@@ -22,36 +24,48 @@ from areal_watchdog.watch.server_pulse import ServerPulse
 
 DISCOVERY_EVERY = 10  # polls between full environment scans once all local ranks are known
 MIN_CPU_WINDOW = 0.2  # seconds of CPU accounting behind a utilisation figure
+WINDOWS_KEPT = 64  # the newest I/O rate windows a look carries (a minute at the shipped poll)
 
 
 @dataclass
 class _Watched:
     proc: JobProcess
     handle: psutil.Process
-    last_cpu: float
-    last_sample: float
-    utilization: float | None = None
+    window: Counters  # the reading the rates are taken from (at least ``MIN_CPU_WINDOW`` old)
+    utilization: float | None = None  # cores busy over the last window
+    rates: dict[str, float] | None = None  # its counters' rates over the last window
+    counters: Counters | None = None  # the newest reading
+    windows: deque[tuple[float, float, float]] = field(
+        default_factory=lambda: deque(maxlen=WINDOWS_KEPT)
+    )  # (end, bytes read and written a second, bytes to and from storage a second)
 
     @classmethod
     def start(cls, proc: JobProcess, now: float) -> _Watched | None:
         try:
             handle = psutil.Process(proc.pid)
-            return cls(proc, handle, sum(handle.cpu_times()[:2]), now)
         except psutil.Error:
             return None
+        counters = read_counters(handle, now)
+        return cls(proc, handle, counters, counters=counters) if counters else None
 
     def sample(self, now: float) -> bool:
-        """Update the CPU use; False once the process is gone."""
+        """Read the counters (CPU time, I/O, context switches); False once the process is
+        gone."""
         try:
             if not self.handle.is_running() or self.handle.status() == psutil.STATUS_ZOMBIE:
                 return False
-            cpu = sum(self.handle.cpu_times()[:2])
         except psutil.Error:
             return False
-        elapsed = now - self.last_sample
-        if elapsed >= MIN_CPU_WINDOW:  # shorter windows give noisy utilisation
-            self.utilization = (cpu - self.last_cpu) / elapsed
-            self.last_cpu, self.last_sample = cpu, now
+        counters = read_counters(self.handle, now)
+        if counters is None:
+            return False
+        self.counters = counters
+        if now - self.window.at >= MIN_CPU_WINDOW:  # shorter windows give noisy rates
+            self.rates = rates(self.window, counters)
+            self.utilization = self.rates["cpu"] if self.rates else None
+            self.window = counters
+            if self.rates and "io" in self.rates:
+                self.windows.append((now, self.rates["io"], self.rates.get("disk", 0.0)))
         return True
 
 
@@ -137,8 +151,10 @@ class NodeWatch:
         items = gather_node(self.layout, self.node, live, dict(self.gone), self.cpu(), settings)
         by_pid = self.gpus.per_pid()
         by_index = {g["index"]: g for g in by_pid.values()} or self.gpus.per_index()
+        counters = self.counters(time.time())
         for item in items:
             item.gpu = by_pid.get(item.pid) or by_index.get(item.local_rank)
+            item.counters = counters.get(item.pid)
         return items
 
     def worker_evidence(self, settings: GatherSettings) -> list[RankEvidence]:
@@ -147,9 +163,24 @@ class NodeWatch:
         live = [w.proc for w in self.workers.values()]
         parts = {w.proc.pid: w.proc for w in (*self.live.values(), *self.workers.values())}
         live += helpers(self.layout, self.scope, parts)
-        return gather_workers(
+        items = gather_workers(
             self.layout, live, list(self.workers_gone.values()), self.cpu(), settings
         )
+        counters = self.counters(time.time())
+        for item in items:
+            item.counters = counters.get(item.pid)
+        return items
+
+    def counters(self, now: float) -> dict[int | None, dict[str, Any]]:
+        """Each live rank's and worker's counters read now, by pid (a look compares them with
+        the look before: ``watch.second_look``)."""
+        found: dict[int | None, dict[str, Any]] = {}
+        for watched in (*self.live.values(), *self.workers.values()):
+            reading = read_counters(watched.handle, now)
+            if reading is not None:
+                windows = [[round(v, 3) for v in w] for w in watched.windows]
+                found[watched.proc.pid] = {**reading.to_dict(), "io_windows": windows}
+        return found
 
     def cpu(self) -> dict[int, float]:
         """Recent CPU use by pid."""
@@ -210,6 +241,7 @@ class NodeWatch:
             "ranks_done": sorted(self.finished_ranks()),
             "workers_alive": sorted(w.proc.label() for w in self.workers.values()),
             "servers": self.pulse.summary(),
+            "servers_refusing": self.pulse.refused(),
             "gpu_use": self.gpu_use(),
         }
 

@@ -1,24 +1,17 @@
-"""How the watchdog knows the job is alive: step lines in logs, heartbeats, announced pauses.
-
-``StepLogTail`` follows log files from their end (AReaL re-uses logs across retries, so only new
-lines count) and reports step numbers; ``read_heartbeats`` reads the rank-side API's files;
-``StallClock`` turns progress into a stall decision, with a learned (``auto``) threshold.
+"""How the watchdog knows the job is alive: step lines (``step_log``), heartbeats, announced
+pauses. ``read_heartbeats`` reads the rank-side API's files; ``StallClock`` turns progress into
+a stall decision, with a learned (``auto``) threshold.
 """
 
 from __future__ import annotations
 
 import getpass
-import glob
 import os
 import pwd
-import re
-import stat as stat_module
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import regex
 
 from areal_watchdog.common.atomic import read_json
 from areal_watchdog.rundir.beats import beat_step
@@ -27,192 +20,10 @@ from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.rundir.pace import interval_summary
 from areal_watchdog.rundir.secure import run_dir_owner
 
-ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
-LINE_BUDGET_S = 0.05  # the longest one log line may take to match watchdog.step_regex
-# AReaL's StatsLogger table after each step: "│ timeperf/rollout │ 4.5e+01 │ ..."
-PHASE_TIME = re.compile(
-    r"timeperf/(?P<phase>[\w/]+)\s*│\s*(?P<seconds>[-+]?[0-9.]+(?:[eE][-+]?\d+)?)"
-)
 LEARNED_FACTOR = 1.5  # a silence shorter than this many of the longest step seen is no stall
 WARMUP_INTERVALS = 3  # step intervals seen before the threshold follows their distribution
 WARMUP_MIN = 60.0  # the least threshold while warming up: first steps load, compile, warm caches
 INTERVALS_KEPT = 256  # the newest step intervals the quantile is taken over
-
-
-def find_progress(line: str, pattern: regex.Pattern[str]) -> tuple[int | None, int | None]:
-    """The step number on a log line (ANSI colours stripped; the last match wins) and, when the
-    line says it (``Train step 3/233``), the job's total (None when absent).
-
-    The match runs in the ``regex`` engine with a time budget per line: a pattern that
-    backtracks catastrophically raises TimeoutError instead of pinning the sidecar's CPU."""
-    last = None
-    for match in pattern.finditer(ANSI_ESCAPE.sub("", line), timeout=LINE_BUDGET_S):
-        last = match
-    if last is None:
-        return None, None
-    groups = last.groupdict()
-    return _number(groups.get("step") or last.group(1)), _number(groups.get("total"))
-
-
-def _number(value: str | None) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-@dataclass
-class _Cursor:
-    inode: int
-    offset: int
-    partial: bytes = b""
-
-
-GLOB_EVERY = 10  # polls between two matchings of the log patterns, once a file matched
-
-
-class StepLogTail:
-    """Follow every file matching the glob patterns and return the step numbers of new lines.
-
-    Only files the job's own user could have written count (``trusted_log``): under a shared
-    fileroot like ``/tmp`` another user could otherwise print "step 1007" and mask a hang."""
-
-    def __init__(self, patterns: list[str], step_regex: str, owner: int | None = None) -> None:
-        self.patterns = patterns
-        self.regex = regex.compile(step_regex)
-        self.owner = os.geteuid() if owner is None else owner
-        self.slow_lines = 0  # lines skipped because the pattern took over LINE_BUDGET_S
-        self.cursors: dict[str, _Cursor] = {}
-        self.refused: dict[str, str] = {}  # path -> why its lines do not count
-        self.phases = StepPhases()
-        self.total: int | None = None  # the job's last step, as the last step line said
-        self._started = False
-        self._polls = 0
-        self._known: list[str] = []  # the paths the patterns matched at the last look
-
-    def poll(self) -> list[int]:
-        """Step numbers printed since the last call; files present at the first call start at
-        their end, files that appear later are read from their start."""
-        steps: list[int] = []
-        for path in self._paths():
-            try:
-                stat = os.stat(path)
-            except OSError:
-                continue
-            cursor = self.cursors.get(path)
-            if cursor is None or cursor.inode != stat.st_ino:
-                problem = trusted_log_problem(Path(path), self.owner)
-                if problem:
-                    self.refused[path] = problem
-                    self.cursors.pop(path, None)
-                    continue
-                self.refused.pop(path, None)
-            if cursor is None:
-                start = stat.st_size if not self._started else 0
-                cursor = self.cursors[path] = _Cursor(stat.st_ino, start)
-            if cursor.inode != stat.st_ino or stat.st_size < cursor.offset:
-                cursor.inode, cursor.offset, cursor.partial = stat.st_ino, 0, b""  # rotated
-            if stat.st_size == cursor.offset:
-                continue
-            steps.extend(self._read_new(path, cursor))
-        self._started = True
-        return steps
-
-    def _paths(self) -> list[str]:
-        """The files to follow: the patterns are matched again every ``GLOB_EVERY`` polls, or
-        every poll while they match nothing (a glob lists every directory on its way: five
-        operations a poll on the shared filesystem for torchrun's log of rank 0)."""
-        self._polls += 1
-        if self._known and self._polls % GLOB_EVERY != 1:
-            return self._known
-        paths: set[str] = set()
-        for pattern in self.patterns:
-            paths.update(glob.glob(pattern, recursive=True))
-        self._known = sorted(paths)
-        return self._known
-
-    def _read_new(self, path: str, cursor: _Cursor) -> list[int]:
-        try:
-            with open(path, "rb") as fh:
-                fh.seek(cursor.offset)
-                data = fh.read(4 * 1024 * 1024)
-        except OSError:
-            return []
-        cursor.offset += len(data)
-        data = cursor.partial + data
-        lines = data.split(b"\n")
-        cursor.partial = lines.pop()
-        steps = []
-        for raw in lines:
-            try:
-                step, total = find_progress(raw.decode("utf-8", errors="replace"), self.regex)
-            except TimeoutError:
-                self.slow_lines += 1
-                continue
-            if step is not None:
-                steps.append(step)
-                self.total = total
-                self.phases.new_step()
-            self.phases.read(raw)
-        return steps
-
-
-def trusted_log_problem(path: Path, owner: int) -> str | None:
-    """Why another user could have written the lines of ``path``, or None: it must be a
-    regular file (no symlink) of ``owner``'s in directories that only ``owner`` or root may
-    change (a sticky directory like ``/tmp`` is fine above them)."""
-    try:
-        info = os.lstat(path)
-    except OSError as exc:
-        return exc.strerror
-    if not stat_module.S_ISREG(info.st_mode):
-        return "not a regular file (a symlink?)"
-    if info.st_uid != owner:
-        return f"owned by uid {info.st_uid}, not by the job's user"
-    if info.st_mode & 0o022:
-        return "writable by others"
-    for directory in path.parents:
-        try:
-            dinfo = os.stat(directory)
-        except OSError as exc:
-            return f"{directory}: {exc.strerror}"
-        if dinfo.st_uid not in (owner, 0):
-            return f"{directory} is owned by uid {dinfo.st_uid}"
-        if dinfo.st_mode & 0o022 and not dinfo.st_mode & stat_module.S_ISVTX:
-            return f"{directory} is writable by others"
-    return None
-
-
-@dataclass
-class StepPhases:
-    """How long this job's steps take, phase by phase, as AReaL's own timings say
-    (``timeperf/rollout``, ``timeperf/train_step``, ... in StatsLogger's table after each step):
-    the history that tells a slow phase from a hang before the first interval is seen."""
-
-    longest: dict[str, float] = field(default_factory=dict)  # phase -> its longest time
-    longest_step: float = 0.0  # the longest step, all its phases summed
-    current: float = 0.0
-
-    def new_step(self) -> None:
-        self.current = 0.0
-
-    def read(self, raw: bytes) -> None:
-        if b"timeperf/" not in raw:
-            return
-        text = ANSI_ESCAPE.sub("", raw.decode("utf-8", errors="replace"))
-        for match in PHASE_TIME.finditer(text):
-            seconds = float(match["seconds"])
-            if not 0 <= seconds < 1e7:
-                continue
-            phase = match["phase"]
-            self.longest[phase] = max(self.longest.get(phase, 0.0), seconds)
-            self.current += seconds
-            self.longest_step = max(self.longest_step, self.current)
-
-    def describe(self) -> str:
-        """``rollout 45 s, train_step 2 s``: the phases that weigh, longest first."""
-        top = sorted(self.longest.items(), key=lambda item: -item[1])[:2]
-        return ", ".join(f"{phase} {seconds:.0f} s" for phase, seconds in top)
 
 
 @dataclass
@@ -268,23 +79,29 @@ class StallClock:
     first_step_at: float | None = None
     max_interval: float = 0.0
     learned_step: float = 0.0  # the longest step the job's own timings report (StepPhases)
+    last_stamp: float | None = None  # the last step line's own timestamp, where it had one
     intervals: deque[float] = field(default_factory=lambda: deque(maxlen=INTERVALS_KEPT))
     stats: dict[str, float | int | None] = field(default_factory=lambda: interval_summary([]))
 
     def __post_init__(self) -> None:
         self.last_progress_at = self.started_at
 
-    def step(self, step: int, now: float) -> bool:
-        """Record a step number; True when it is new progress (higher than any seen)."""
+    def step(self, step: int, now: float, stamp: float | None = None) -> bool:
+        """Record a step number; True when it is new progress (higher than any seen). The
+        interval since the step before comes from the step lines' own timestamps (``stamp``)
+        where both have one, else from the polls that saw them."""
         if self.last_step is not None and step <= self.last_step:
             return False
         if self.first_step_at is None:
             self.first_step_at = now
         elif self.last_step is not None:
-            self.max_interval = max(self.max_interval, now - self.last_progress_at)
-            self.intervals.append(now - self.last_progress_at)
+            seen = now - self.last_progress_at
+            stamped = None if stamp is None or self.last_stamp is None else stamp - self.last_stamp
+            interval = stamped if stamped is not None and stamped >= 0 else seen
+            self.max_interval = max(self.max_interval, interval)
+            self.intervals.append(interval)
             self.stats = interval_summary(list(self.intervals))  # once a step, not once a read
-        self.last_step = step
+        self.last_step, self.last_stamp = step, stamp
         self.last_progress_at = now
         return True
 
@@ -323,6 +140,20 @@ class StallClock:
         if not self.intervals and not learned:  # the first step may have included start-up
             return max(self.startup_timeout, self.auto_min_timeout)
         return max(learned_threshold(self.stats, self.auto_factor, self.auto_min_timeout), learned)
+
+    @property
+    def stepping_basis(self) -> float:
+        """The threshold a second look is timed by: the one in force, or while ``auto`` is
+        still at the warm-up's floor, what the steps so far would give (``auto_factor`` times
+        the longest interval, ``auto_min_timeout`` at the least)."""
+        threshold = self.threshold
+        if self.stall_timeout is not None or self.learned or not self.intervals:
+            return threshold
+        if self.tearing_down:
+            return threshold
+        quick = max(self.auto_min_timeout, self.auto_factor * self.max_interval,
+                    LEARNED_FACTOR * self.learned_step)  # fmt: skip
+        return min(threshold, quick)
 
     @property
     def learned(self) -> bool:

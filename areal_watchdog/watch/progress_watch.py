@@ -5,7 +5,8 @@ A part of ``Sidecar``, kept apart by concept."""
 from __future__ import annotations
 
 from areal_watchdog.rundir.beats import beats_node
-from areal_watchdog.watch.progress import LINE_BUDGET_S, read_heartbeats
+from areal_watchdog.watch.progress import read_heartbeats
+from areal_watchdog.watch.step_log import LINE_BUDGET_S
 from areal_watchdog.watch.triggers import progressed
 
 
@@ -43,7 +44,7 @@ class ProgressWatch:
                 self.clock.adopt(status.get("last_step"), status.get("last_progress_at"))
                 total = status.get("total_steps")
                 self.clock.total = total if isinstance(total, int) else self.clock.total
-        progress = [s for s in steps if self.clock.step(s, now)]
+        progress = [s for s in steps if self.clock.step(s, now, self.tail.stamps.get(s))]
         if pause_until > now:
             self.clock.hold(now)
             if pause_until != self.pause_said:

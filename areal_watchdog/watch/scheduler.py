@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from areal_watchdog.config.model import HangAction
 from areal_watchdog.rundir.launch_info import LaunchInfo
-from areal_watchdog.watch.progress import trusted_log_problem
+from areal_watchdog.watch.step_log import trusted_log_problem
 
 SCHEDULER_TIMEOUT = 60.0  # seconds for one scheduler command (a busy slurmctld answers slowly)
 

@@ -15,11 +15,17 @@ the job, the leader looks again a few seconds later and compares:
   exception are a retry loop against something dead, not movement;
 - work an inference server did: tokens generated or requests completed (vLLM's and SGLang's
   counters), however full its queue;
+- a process that read or wrote real data between the looks (its own counters: bytes through
+  its read and write calls, or to and from storage, above ``evidence.counters.IO_FLOOR`` in
+  more than half of the sidecar's poll windows since the first look, so that the one window in
+  which a look's own dumps were written never counts): a checkpoint written in one function,
+  a dataset read;
 - a GPU that worked since the first look (utilisation above the idle level at a power above the
   spin fraction, ``evidence.gpu``), matched to its ranks by process: a silent evaluation on the
   GPU is busy, not hung. A NCCL wait spins at low power and is no movement.
 
-CPU time alone is no movement: a rank spinning forever burns it too. Nor is a moving stack when
+CPU time alone is no movement: a rank spinning forever burns it too (``docs/how-it-works.md``
+has the table of what moves). Nor is a moving stack when
 both looks name a retry loop (``workflow_failing``): there only a new step or completed work
 counts. Nor are completed episodes when a look names damage (``reward_stuck``): those are the
 reward timeouts scoring 0. Pure: compares plain data taken from two ``Evidence`` objects.
@@ -27,12 +33,14 @@ reward timeouts scoring 0. Pure: compares plain data taken from two ``Evidence``
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from areal_watchdog.common.rankset import ranks_phrase
 from areal_watchdog.diagnose.activity import ROLLOUT_CALLS, work_thread
 from areal_watchdog.diagnose.frames import bare
+from areal_watchdog.evidence.counters import real_data
 from areal_watchdog.evidence.model import BLOCKED, RUNNING, Evidence, RankEvidence
 
 # Causes whose processes keep moving while nothing progresses.
@@ -73,6 +81,9 @@ class Marks:
     completed: dict[int, int]
     servers: dict[str, ServerWork]
     gpus: dict[int, GpuWork] = field(default_factory=dict)  # rank -> its GPU
+    # pid -> its I/O rate windows (end, bytes read and written a second, bytes to storage)
+    io: dict[int, tuple[tuple[float, float, float], ...]] = field(default_factory=dict)
+    labels: dict[int, str] = field(default_factory=dict)  # pid -> ``rank 0``, for people
 
 
 def marks(evidence: Evidence, step: int | None) -> Marks:
@@ -84,6 +95,8 @@ def marks(evidence: Evidence, step: int | None) -> Marks:
         {p.pid: (p.tasks_ended or {}).get("ok", 0) for p in live if p.pid},
         {str(s["address"]): _work(s) for s in evidence.servers if s.get("address")},
         {r.rank: _gpu(r.gpu) for r in evidence.ranks if r.gpu and r.state in (BLOCKED, RUNNING)},
+        {p.pid: _windows(p) for p in live if p.pid},
+        {p.pid: p.label() for p in live if p.pid},
     )
 
 
@@ -98,6 +111,8 @@ def moved(
         found.append(f"a new step ({second.step})")
     found += busy_servers(first, second)
     found += busy_gpus(first, second)
+    if not steps_only:  # a retry loop writes its failures to its log
+        found += busy_io(first, second)
     done = sorted(pid for pid, count in second.completed.items() if count > 0)
     if done and not damage:
         found.append(f"tasks of pid {', '.join(map(str, done[:5]))} completed")
@@ -152,6 +167,40 @@ def busy_gpus(first: Marks, second: Marks) -> list[str]:
         shared = f", shared by {ranks_phrase(ranks)}" if len(ranks) > 1 else ""
         found.append(f"{ranks_phrase(ranks)} busy (GPU {index} {doing}{power}{shared}), not hung")
     return found
+
+
+def busy_io(first: Marks, second: Marks) -> list[str]:
+    """Processes that read or wrote real data between the looks, by their own counters, one
+    line each: ``rank 0 (pid 7) wrote or read 6.4 MB/s between the looks (a checkpoint, a
+    dataset read), busy, not hung``."""
+    found = []
+    for pid, windows in sorted(second.io.items()):
+        if pid not in first.io:
+            continue
+        since = max((w[0] for w in first.io[pid]), default=0.0)
+        between = [w for w in windows if w[0] > since]
+        busy = [w for w in between if real_data(w[1], w[2])]
+        if len(between) < 2 or len(busy) * 2 <= len(between):
+            continue
+        rate = max(statistics.median(w[1] for w in busy), statistics.median(w[2] for w in busy))
+        found.append(
+            f"{second.labels.get(pid, f'pid {pid}')} (pid {pid}) read or wrote "
+            f"{rate / 1e6:.1f} MB/s in {len(busy)} of {len(between)} polls since the first look "
+            "(a checkpoint, a dataset read): busy, not hung"
+        )
+    return found
+
+
+def _windows(process: RankEvidence) -> tuple[tuple[float, float, float], ...]:
+    counters = process.counters or {}
+    found = []
+    for window in counters.get("io_windows") or []:
+        try:
+            at, io, disk = (float(v) for v in window)
+        except (TypeError, ValueError):
+            continue
+        found.append((at, io, disk))
+    return tuple(found)
 
 
 def _gpu(entry: dict[str, Any]) -> GpuWork:

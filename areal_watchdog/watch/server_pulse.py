@@ -1,7 +1,11 @@
 """Whether this node's inference servers generate, for ``status`` ("slow or hung?"): a thread
 of its own probes their counters once a period, so a wedged server never holds the sidecar's
 loop; a server generates when its generated-token counter moved since the probe before. The
-sidecar publishes the summary in its node status; ``status`` sums the nodes."""
+sidecar publishes the summary in its node status; ``status`` sums the nodes.
+
+A server that once answered and now refuses connections is a fact at any moment of the job:
+the pulse keeps probing it after its process is gone, and ``refused`` names it, for the leader
+to look at once (trigger ``server_refused``)."""
 
 from __future__ import annotations
 
@@ -28,6 +32,8 @@ class ServerPulse:
         self.lock = threading.Lock()
         self.last: dict[str, tuple[float, float]] = {}  # address -> (time, generated tokens)
         self.rates: dict[str, float] = {}  # address -> tokens/s (0: silent or down)
+        self.answered: set[str] = set()  # the servers that were up at some probe
+        self.refusing: dict[str, float] = {}  # address -> since when it refuses connections
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name="server-pulse", daemon=True)
 
@@ -41,8 +47,10 @@ class ServerPulse:
 
     def _run(self) -> None:
         while not self.stopped.wait(self.period):
-            if self.addresses:
-                self.sample(list(self.addresses))
+            with self.lock:  # a server that answered once is probed after its process ended
+                targets = list(dict.fromkeys([*self.addresses, *sorted(self.answered)]))
+            if targets:
+                self.sample(targets)
 
     def sample(self, addresses: list[str]) -> None:
         """Probe each server once; its rate since the probe before (0 when it is not up)."""
@@ -50,6 +58,7 @@ class ServerPulse:
             address, at = result["address"], float(result["time"])
             tokens = result.get("generated_tokens")
             with self.lock:
+                self._note_state(address, str(result.get("state")), at)
                 before = self.last.get(address)
                 if result.get("state") != "up" or not isinstance(tokens, (int, float)):
                     self.rates[address] = 0.0
@@ -57,6 +66,20 @@ class ServerPulse:
                 self.last[address] = (at, float(tokens))
                 if before is not None and at > before[0]:
                     self.rates[address] = max(0.0, (tokens - before[1]) / (at - before[0]))
+
+    def _note_state(self, address: str, state: str, at: float) -> None:
+        if state == "up":
+            self.answered.add(address)
+            self.refusing.pop(address, None)
+        elif state == "unreachable" and address in self.answered:
+            self.refusing.setdefault(address, at)
+        else:
+            self.refusing.pop(address, None)
+
+    def refused(self) -> list[str]:
+        """The servers that answered once and refused connections at their last probe."""
+        with self.lock:
+            return sorted(self.refusing)
 
     def summary(self) -> dict[str, Any] | None:
         """``{"of": servers, "generating": those whose counter moved, "tokens_per_s": sum}``."""

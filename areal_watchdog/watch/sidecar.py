@@ -43,16 +43,12 @@ from areal_watchdog.watch.job_end import JobEnd
 from areal_watchdog.watch.launcher_heartbeat import watch_heartbeat
 from areal_watchdog.watch.leader import Leader
 from areal_watchdog.watch.node import NodeWatch
-from areal_watchdog.watch.progress import (
-    HeartbeatState,
-    StallClock,
-    StepLogTail,
-    default_log_patterns,
-)
+from areal_watchdog.watch.progress import HeartbeatState, StallClock, default_log_patterns
 from areal_watchdog.watch.progress_watch import ProgressWatch
 from areal_watchdog.watch.scheduler import placement
 from areal_watchdog.watch.standby import wait_for_node_lock
 from areal_watchdog.watch.status_keeper import StatusKeeper
+from areal_watchdog.watch.step_log import StepLogTail
 from areal_watchdog.watch.triggers import Reported
 
 NOTIFY_FINISH_TIMEOUT = 30.0  # seconds to finish sending before the rest waits in the spool

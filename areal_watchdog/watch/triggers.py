@@ -42,6 +42,7 @@ class Snapshot:
     in_flight_over: float  # how far past its limit every rank's shared collective is (< 0: not)
     in_flight_op: str  # that collective's operation
     silent_nodes: tuple[str, ...]  # peers that stopped answering
+    servers_refusing: tuple[str, ...]  # inference servers that answered once and now refuse
     ended_nodes: int  # nodes whose job ended (exit record written)
     n_nodes: int  # nodes whose end is the job's end (AReaL on Slurm: the controller's host)
     silent_job_nodes: int  # of those, how many stopped answering
@@ -66,12 +67,16 @@ class Action:
     say: Say | None = None
     lost: tuple[str, ...] = ()
     op: str = ""  # the collective every rank waits in (``IN_FLIGHT``)
+    servers: tuple[str, ...] = ()  # the servers that refuse connections (``SERVER_REFUSED``)
 
 
 def decide(snap: Snapshot, reported: Reported) -> tuple[list[Action], Reported]:
     """The leader's actions for this poll, in order, and the new ``Reported`` state."""
     actions: list[Action] = []
-    rules = (_node_silent, _job_ended, _rank_exited, _gpu_idle, _in_flight, _suspected, _stall)
+    rules = (
+        _node_silent, _job_ended, _rank_exited, _server_refused, _gpu_idle, _in_flight,
+        _suspected, _stall,
+    )  # fmt: skip
     for rule in rules:
         action, reported = rule(snap, reported)
         if action is not None:
@@ -115,6 +120,17 @@ def _rank_exited(snap: Snapshot, reported: Reported) -> Rule:
     if snap.gone_since is None or snap.now - snap.gone_since < snap.crash_grace:
         return None, reported
     return Action(trigger=Trigger.RANK_EXITED), replace(reported, failure=True)
+
+
+def _server_refused(snap: Snapshot, reported: Reported) -> Rule:
+    """An inference server that answered once refuses connections at the pulse: a fact at any
+    moment (proof at the first look), never waiting for a threshold."""
+    if snap.ending_on_purpose or reported.silence or reported.failure or not _running(snap):
+        return None, reported
+    if not snap.servers_refusing:
+        return None, reported
+    action = Action(trigger=Trigger.SERVER_REFUSED, servers=snap.servers_refusing)
+    return action, replace(reported, silence=True)
 
 
 def _gpu_idle(snap: Snapshot, reported: Reported) -> Rule:

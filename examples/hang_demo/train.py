@@ -16,10 +16,11 @@ when ``demo.hang`` names a pattern, misbehaves on ``demo.hang_rank`` at ``demo.h
 With ``demo.checkpoint`` (a file), rank 0 records each finished step there and a resumed run
 (``on_hang: resume`` sets AREAL_WATCHDOG_RESUME_ATTEMPT) starts after it; ``demo.hang_once``
 makes the hang transient: it happens only while ``<checkpoint>.hung`` does not exist.
-``demo.teardown_time`` keeps rank 0 busy after the last step (a final save) while the others
-wait in the closing barrier. ``demo.record`` records every step's batch
-(``areal_watchdog.trajectory``): ``areal-launch replay`` then feeds the recorded steps back
-(the replay that decides a resume), and writes no checkpoint.
+``demo.phases`` runs slow-but-healthy phases with no log line (a rank-0 checkpoint, a CPU
+evaluation, a shard read: ``phases.py``). ``demo.teardown_time`` keeps rank 0 busy after the
+last step (a final save) while the others wait in the closing barrier. ``demo.record`` records
+every step's batch (``areal_watchdog.trajectory``): ``areal-launch replay`` then feeds the
+recorded steps back (the replay that decides a resume), and writes no checkpoint.
 
 Run it through ``areal-launch --watchdog local examples/hang_demo/config.yaml``.
 """
@@ -35,6 +36,7 @@ import sys
 import threading
 import time
 
+import phases
 import torch
 import torch.distributed as dist
 import yaml
@@ -211,6 +213,10 @@ def main() -> None:
         "hang_once": False,
         "teardown_time": 0.0,
         "record": False,
+        "phases": "",
+        "phase_time": 20.0,
+        "phase_mb": 100,
+        "phase_rank": 0,
     }
     settings.update(config.get("demo") or {})
     rank = int(os.environ["RANK"])
@@ -234,6 +240,7 @@ def main() -> None:
     if replay is not None:
         settings["checkpoint"] = ""  # a replay never moves the run's own checkpoint
     start = resume_point(settings["checkpoint"])
+    slow_phases, shard = phases.parse(settings["phases"]), phases.prepare(settings, rank)
     if rank == 0 and start:
         print(f"resuming from {settings['checkpoint']}: {start} steps done", flush=True)
     with Trainer(settings) as trainer:
@@ -249,6 +256,8 @@ def main() -> None:
                     time.sleep(settings["pause_time"])
             if step == settings["slow_step"] and settings["slow_rank"] in (-1, rank):
                 time.sleep(settings["slow_time"])  # slow, unannounced, and then fine again
+            if step in slow_phases:  # silent, slow, healthy (phases.py)
+                phases.run(slow_phases[step], settings, rank, shard)
             time.sleep(settings["step_time"])
             if misbehave == "cleanup_deadlock":
                 break  # a rank-local early-stopping decision: the others go on

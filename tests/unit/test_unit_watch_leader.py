@@ -25,6 +25,7 @@ from areal_watchdog.watch.in_flight import InFlightSensor
 from areal_watchdog.watch.job_end import JobEnd
 from areal_watchdog.watch.leader import Leader
 from areal_watchdog.watch.progress import StallClock
+from areal_watchdog.watch.server_pulse import ServerPulse
 from areal_watchdog.watch.triggers import Reported
 
 THRESHOLD = 30.0
@@ -87,6 +88,7 @@ class Node(JobEnd, Leader):
         self.watch = SimpleNamespace(
             live=dict.fromkeys(live), gone=dict.fromkeys(gone), workers={},
             gpus=SimpleNamespace(last=[], quiet_since=None), finished_ranks=lambda: set(done),
+            pulse=ServerPulse(),
         )  # fmt: skip
         self.coordinator = FakeCoordinator()
         self.incidents = FakeIncidents()
@@ -174,6 +176,24 @@ def test_a_silent_node_opens_an_incident_naming_it(tmp_path: Path) -> None:
     node.lead(6.0)
     assert node.lines == ["node(s) n2 stopped answering: gathering evidence"]
     assert node.incidents.opened == [(Trigger.NODE_SILENT, ("n2",))]
+
+
+def test_a_server_a_peer_sees_refusing_opens_a_look_at_once_but_not_in_teardown(
+    tmp_path: Path,
+) -> None:
+    node = Node(tmp_path, nodes=("n1", "n2"))
+    node.clock.step(3, 0.0)
+    node.statuses["n2"] = {"servers_refusing": ["127.0.0.1:30000"]}
+    node.lead(1.0)
+    assert node.lines == ["inference server(s) 127.0.0.1:30000 refuse connections: gathering "
+                          "evidence from 2 ranks"]  # fmt: skip
+    assert node.incidents.opened == [(Trigger.SERVER_REFUSED, ())]
+    ending = Node(tmp_path, nodes=("n1", "n2"))
+    ending.clock.total = 3  # the last step was seen: the servers are being stopped
+    ending.clock.step(3, 0.0)
+    ending.statuses["n2"] = {"servers_refusing": ["127.0.0.1:30000"]}
+    ending.lead(1.0)
+    assert ending.incidents.opened == []
 
 
 def test_idle_gpus_open_an_incident_before_the_stall_threshold(tmp_path: Path) -> None:

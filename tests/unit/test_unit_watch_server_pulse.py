@@ -1,6 +1,7 @@
 """Do the job's inference servers generate? The pulse against the SGLang stand-in on 127.0.0.1
 (its real ``/metrics`` counters): silent, then generating, then silent; a server that is
-gone counts as not generating; ``status`` says it in its answer, summed over the nodes."""
+gone counts as not generating, and one that answered once and now refuses connections is named
+(the leader's ``server_refused``); ``status`` says it in its answer, summed over the nodes."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def test_a_servers_counter_that_moves_is_generating_and_one_that_stands_is_not()
         pulse = ServerPulse()
         pulse.sample([address])
         assert pulse.summary() is None  # one probe: no rate yet
+        assert pulse.refused() == []
         generate(address, 32)
         pulse.sample([address])
         moving = pulse.summary()
@@ -53,6 +55,11 @@ def test_a_servers_counter_that_moves_is_generating_and_one_that_stands_is_not()
         server.wait()
     pulse.sample([address])  # gone: refused
     assert pulse.summary() == {"of": 1, "generating": 0, "tokens_per_s": 0.0}
+    assert pulse.refused() == [address]  # it answered once: a fact for the leader
+    assert ServerPulse().refused() == []  # never up (still starting): no fact
+    never = ServerPulse()
+    never.sample([address])
+    assert never.refused() == []
 
 
 def test_status_says_how_many_servers_generate_over_every_node(tmp_path: Path) -> None:

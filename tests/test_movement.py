@@ -1,0 +1,180 @@
+"""What counts as movement between two looks at a silent job, one test per row of the table in
+docs/how-it-works.md ("What moves"), on recorded evidence of real hangs with each process's own
+counters set as a real checkpoint, evaluation or spin loop leaves them (measured here: a rank
+blocked in a collective moves about 0.3 KB/s through read and write calls while watched; a
+160 MB checkpoint in fsync'd 1 MB chunks 6.7 MB/s). The desk is the real ``Escalation``."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+from desk import THRESHOLD, desk, recorded
+
+from areal_watchdog.diagnose.classify import classify
+from areal_watchdog.evidence.counters import rates, read_counters, real_data
+from areal_watchdog.evidence.model import RUNNING, Evidence, Frame
+from areal_watchdog.watch.escalation import strength
+from areal_watchdog.watch.second_look import marks, moved
+
+CHECKPOINT = 6.7e6  # bytes a second: 1 MB fsync'd chunks every 0.15 s
+WATCHED_FLOOR = 300.0  # bytes a second a blocked rank moves while the sensor asks it
+
+
+def with_io(evidence: Evidence, pid: int, rates: list[float], start: float = 0.0) -> Evidence:
+    """The same look, ``pid``'s poll windows (a second each, from ``start``) at ``rates``."""
+    later = copy.deepcopy(evidence)
+    for process in later.processes():
+        windows = [[start + i + 1, WATCHED_FLOOR, 0.0] for i in range(len(rates))]
+        if process.pid == pid:
+            windows = [[start + i + 1, r, r] for i, r in enumerate(rates)]
+        process.counters = {"at": start + len(rates), "cpu_s": 1.0, "io_windows": windows}
+    return later
+
+
+def straggler() -> tuple[Evidence, int]:
+    """Rank 2 of 4 in its own code while the others wait in all_reduce, and its pid."""
+    evidence = recorded("evidence/straggler_w4_r2--worker-busy.json")
+    (culprit,) = [r for r in evidence.ranks if r.rank == 2]
+    return evidence, culprit.pid
+
+
+def test_a_rank_writing_real_data_between_the_looks_is_busy_not_hung() -> None:
+    """Rank 2 writes a checkpoint in one function while the others wait: the second look finds
+    its stack where it was but its bytes moving, so the job is not cancelled."""
+    evidence, pid = straggler()
+    first = with_io(evidence, pid, [CHECKPOINT] * 3)
+    second = with_io(evidence, pid, [CHECKPOINT] * 6)
+    (line,) = moved(marks(first, 3), marks(second, 3))
+    assert line.startswith(f"rank 2 (pid {pid}) read or wrote 6.7 MB/s in 3 of 3 polls")
+    d = desk(first, second, second)
+    d.stall(THRESHOLD)
+    d.run_until(THRESHOLD + 11)
+    assert [(r["posted"], r["action"]) for r in d.reports] == [(False, "report")]
+
+
+def test_our_own_floor_and_one_window_of_a_looks_dumps_are_no_movement() -> None:
+    """A blocked rank under the sensor (0.3 KB/s), and one window in which the look's own
+    Flight Recorder dump was written (1 MB): nothing moved, the straggler is confirmed."""
+    evidence, pid = straggler()
+    first = with_io(evidence, pid, [WATCHED_FLOOR] * 3)
+    second = with_io(evidence, pid, [WATCHED_FLOOR] * 3 + [1e6, WATCHED_FLOOR, WATCHED_FLOOR])
+    assert moved(marks(first, 3), marks(second, 3)) == []
+    d = desk(first, second)
+    d.stall(THRESHOLD)
+    d.run_until(THRESHOLD + 11)
+    (report,) = d.reports
+    assert (report["category"], report["action"], report["posted"]) == (
+        "straggler", "cancel", True
+    )  # fmt: skip
+
+
+def every_rank_running(evidence: Evidence, culprit: int) -> Evidence:
+    """Every rank in the culprit's own code, burning CPU: an evaluation on the CPU."""
+    later = copy.deepcopy(evidence)
+    (busy,) = [r for r in later.ranks if r.rank == culprit]
+    for rank in later.ranks:
+        rank.threads, rank.state, rank.cpu_utilization = copy.deepcopy(busy.threads), RUNNING, 1.0
+    return later
+
+
+def test_every_rank_running_its_own_code_is_a_slow_phase_left_to_the_hard_limit() -> None:
+    """Every rank evaluates on the CPU (none in a collective), in the same functions at both
+    looks: written, not posted, until the hard limit (5 thresholds)."""
+    evidence, _ = straggler()
+    evaluating = every_rank_running(evidence, 2)
+    verdict = classify(evaluating)
+    assert (verdict.category, strength(verdict)) == ("unknown", "time")
+    d = desk(evaluating)
+    d.stall(THRESHOLD)
+    d.run_until(5 * THRESHOLD - 1)
+    assert [(r["posted"], r["action"]) for r in d.reports] == [(False, "report")]
+    d.run_until(5 * THRESHOLD + 1)
+    assert d.reports[-1]["confirmation"]["by"] == "hard_limit"
+
+
+def test_a_few_ranks_spinning_in_the_same_frames_while_the_rest_wait_are_a_straggler() -> None:
+    evidence, pid = straggler()
+    first, second = with_io(evidence, pid, [0.0] * 3), with_io(evidence, pid, [0.0] * 6)
+    d = desk(first, second)
+    d.stall(THRESHOLD)
+    d.run_until(THRESHOLD + 11)
+    (report,) = d.reports
+    assert (report["category"], report["posted"], report["confirmation"]["by"]) == (
+        "straggler", True, "second_look"
+    )  # fmt: skip
+
+
+def test_a_rank_blocked_without_cpu_or_io_while_the_rest_wait_is_hung() -> None:
+    evidence = recorded("evidence/dataloader_stall_w3_r2.json")
+    d = desk(evidence)
+    d.stall(THRESHOLD)
+    d.run_until(THRESHOLD + 11)
+    (report,) = d.reports
+    assert (report["category"], report["posted"]) == ("dataloader_stall", True)
+
+
+def test_the_hard_limit_spares_a_job_writing_at_a_real_rate_and_ends_one_that_spins() -> None:
+    """All ranks in their own code, one writing a checkpoint for longer than the hard limit:
+    at the limit it still writes, so the job is looked at again a threshold later; when it
+    only spins there, the job is ended (posted)."""
+    evidence, pid = straggler()
+    base = every_rank_running(evidence, 2)
+    writing = [with_io(base, pid, [CHECKPOINT] * 30, start=30.0 * i) for i in range(8)]
+    d = desk(*writing)
+    d.stall(THRESHOLD)
+    d.run_until(5 * THRESHOLD + 1)
+    assert not d.cancelling and "past the hard limit" in d.lines[-1]
+    assert "read or wrote 6.7 MB/s" in d.lines[-1]
+    spinning = [with_io(base, pid, [0.0] * 30, start=30.0 * i) for i in range(8)]
+    d = desk(*spinning)
+    d.stall(THRESHOLD)
+    d.run_until(5 * THRESHOLD + 1)
+    assert d.cancelling and d.reports[-1]["confirmation"]["by"] == "hard_limit"
+    # it wrote, then stopped: ended at the first look past the limit that saw nothing move
+    d = desk(*writing[:5], *spinning[5:])
+    d.stall(THRESHOLD)
+    d.run_until(8 * THRESHOLD)
+    assert d.cancelling and d.reports[-1]["confirmation"]["by"] == "hard_limit"
+
+
+def test_the_working_threads_functions_and_a_new_step_still_move() -> None:
+    evidence, pid = straggler()
+    later = with_io(evidence, pid, [0.0] * 3)
+    (rank0,) = [r for r in later.ranks if r.rank == 0]
+    rank0.threads[0].frames.append(Frame("elsewhere", "/job/train.py", 9))
+    assert moved(marks(with_io(evidence, pid, [0.0]), 3), marks(later, 4))[0] == "a new step (4)"
+
+
+def test_a_processs_own_counters_see_its_writes(tmp_path: Path) -> None:
+    """The counters every look reads: 4 MB written and fsync'd show in wchar and as a rate far
+    above the floor; a process that does nothing moves nothing."""
+    writer = subprocess.Popen(
+        [sys.executable, "-c", "import sys, os, time\nsys.stdin.readline()\n"
+         f"f = open({str(tmp_path / 'ckpt')!r}, 'wb')\n"
+         "for _ in range(4):\n f.write(os.urandom(1 << 20)); f.flush(); os.fsync(f.fileno())\n"
+         "time.sleep(30)"],
+        stdin=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        handle = psutil.Process(writer.pid)
+        time.sleep(0.5)
+        before = read_counters(handle, time.time())
+        writer.stdin.write(b"go\n")
+        writer.stdin.flush()
+        time.sleep(1.0)
+        after = read_counters(handle, time.time())
+        assert after.write_chars - before.write_chars >= 4 << 20
+        rate = rates(before, after)
+        assert real_data(rate["io"], rate["disk"])
+        still = read_counters(handle, time.time() + 1.0)
+        quiet = rates(after, still)
+        assert not real_data(quiet["io"], quiet.get("disk", 0.0))
+    finally:
+        writer.kill()
+        writer.wait()
+    assert read_counters(handle, time.time()) is None  # gone
