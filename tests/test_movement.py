@@ -18,6 +18,7 @@ from desk import THRESHOLD, desk, recorded
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.evidence.counters import rates, read_counters, real_data
 from areal_watchdog.evidence.model import RUNNING, Evidence, Frame
+from areal_watchdog.evidence.sockets import parse_ss
 from areal_watchdog.watch.escalation import strength
 from areal_watchdog.watch.second_look import marks, moved
 
@@ -178,3 +179,29 @@ def test_a_processs_own_counters_see_its_writes(tmp_path: Path) -> None:
         writer.kill()
         writer.wait()
     assert read_counters(handle, time.time()) is None  # gone
+
+
+SS_SAMPLE = (  # ``ss -tinpH`` here, a 320 KB/s upload to a slow endpoint on 127.0.0.1
+    'ESTAB 0      3429888 127.0.0.1:35840 127.0.0.1:29912 users:(("python",pid=9414,fd=3))\n'
+    "\t bbr wscale:10,10 rto:220 bytes_sent:848384 bytes_retrans:272384 bytes_acked:576001 "
+    "segs_out:27 segs_in:16 data_segs_out:20 delivered:21 notsent:3429888 minrtt:0.033\n"
+    'ESTAB 0      0 127.0.0.1:29912 127.0.0.1:35840 users:(("python",pid=9413,fd=4))\n'
+    "\t cubic bytes_received:576001 segs_in:20\n"
+)
+
+
+def test_a_rank_uploading_over_tcp_between_the_looks_is_busy_not_hung() -> None:
+    """An upload moves no ``wchar``: the bytes its TCP sockets carried (``ss``) do."""
+    assert parse_ss(SS_SAMPLE, {9414, 9413, 1}) == {9414: 576001, 9413: 576001}
+    assert parse_ss(SS_SAMPLE, {1}) == {}
+    evidence, pid = straggler()
+    first, second = with_io(evidence, pid, [0.0] * 3), with_io(evidence, pid, [0.0] * 6)
+    for look, (at, carried) in ((first, (3.0, 576001)), (second, (6.0, 1536001))):
+        for process in look.processes():
+            process.counters.update(at=at, tcp_bytes=carried if process.pid == pid else 0)
+    (line,) = moved(marks(first, 3), marks(second, 3))
+    assert line == f"rank 2 (pid {pid}) sent or received 0.32 MB/s over TCP since the first look " \
+        "(an upload, a download): busy, not hung"  # fmt: skip
+    for process in second.processes():  # a stalled upload: nothing acknowledged since
+        process.counters["tcp_bytes"] = 576001 if process.pid == pid else 0
+    assert moved(marks(first, 3), marks(second, 3)) == []

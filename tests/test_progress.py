@@ -80,6 +80,29 @@ def test_step_intervals_come_from_the_step_lines_own_timestamps(tmp_path: Path) 
     assert clock.intervals[-1] == 6.0
 
 
+def test_the_phases_areal_announces_are_read_and_other_lines_are_not(tmp_path: Path) -> None:
+    """AReaL 1.0.4's and 2.0.0's own lines (the Recover and Archon loggers, colours on)."""
+    log = tmp_path / "main.log"
+    log.write_text("")
+    tail = StepLogTail([str(log)], DEFAULT_STEP_REGEX)
+    tail.poll()
+    said = {
+        "\x1b[36m(AReaL) 20261128-10:00:00.123 Recover INFO:\x1b[0m Saved recover checkpoint to "
+        "/ckpt/recover (with_optim=True)": "the recover checkpoint saved",
+        "(AReaL) 20261128-10:00:01.000 [Archon Engine Rank 0] INFO: Saving HF checkpoint to "
+        "/ckpt/hf": "saving an HF checkpoint (Archon)",
+        "(AReaL) 20261128-10:00:02.000 Recover INFO: Loading recover info from /r/info.json": (
+            "loading the recover checkpoint"
+        ),
+        "print('Saved recover checkpoint to x')  # not AReaL's logger": None,
+    }
+    for line, phase in said.items():
+        with log.open("a") as fh:
+            fh.write(line + "\n")
+        assert (tail.poll(), tail.phase) == ([], phase)
+    assert tail.poll() == [] and tail.phase is None  # said once
+
+
 def test_a_second_look_in_the_warm_up_is_timed_by_the_steps_so_far() -> None:
     """Before the learned threshold (60 s at the least in the warm-up), a second look waits
     half of what the steps so far would give, not half the floor."""

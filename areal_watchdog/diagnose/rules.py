@@ -1,7 +1,7 @@
 """The hang patterns, one rule each, tried in order on the ranks sorted by what they do
 (``Scene``): the first that recognises the scene names the category
-(docs/hang-categories.md). Pure: no file is read, no process touched. Past 400 lines on
-purpose: the rules are read in their order, and one file shows which one wins.
+(docs/hang-categories.md). Pure: no file is read, no process touched. The rules are read in
+their order, and this one file shows which one wins (who failed first: ``crash``).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from areal_watchdog.common.rankset import ranks_phrase
 from areal_watchdog.diagnose.activity import describe
+from areal_watchdog.diagnose.crash import crash_verdict, error_line
 from areal_watchdog.diagnose.phrases import all_ranks, cap, is_are, their, verb
 from areal_watchdog.diagnose.rollout_evidence import addresses, server_entry
 from areal_watchdog.diagnose.verdict import Activity, Verdict, culprit_entry
@@ -25,13 +26,11 @@ from areal_watchdog.evidence.model import (
     RankEvidence,
 )
 
-_SECONDARY_FAILURE = re.compile(
-    r"connection (closed|reset)|broken pipe|econnreset|connection refused|timed? ?out|"
-    r"DistNetworkError|DistBackendError|SignalException|SIGTERM|recvBytes|sendBytes|"
-    r"peer .*(closed|reset)",
+_SERVER_CALL = re.compile(
+    r"pause_generation|continue_generation|update_weights_from|/generate|connection refused|"
+    r"ClientConnectorError|Cannot connect to host",
     re.I,
 )
-_PEER_ADDRESS = re.compile(r"\[([0-9a-fA-F.:]+)\]:(\d+)")
 
 
 @dataclass
@@ -112,16 +111,28 @@ def _controller_failed(scene: Scene) -> Verdict | None:
         return None
     ended = [r.rank for r in scene.evidence.ranks if r.state == EXITED]
     after = f"; {ranks_phrase(ended)} ended after it" if ended else ""
-    dead = [s for s in scene.evidence.servers if s.get("state") == "unreachable"]
+    dead = [s for s in _dead_servers(scene.evidence) if _engine_call(controller, s)]
     servers = f" The inference server {addresses(dead)} refuses connections (dead?)." * bool(dead)
     return Verdict(
         "rank_crashed",
         0.9,
         [],
         f"The controller failed: {describe(controller).where}"
-        f"{_error_line(controller, 400)}{after}.{servers}",
+        f"{error_line(controller, 400)}{after}.{servers}",
         culprit_workers=[culprit_entry(controller), *map(server_entry, dead)],
     )
+
+
+def _dead_servers(evidence: Evidence) -> list[dict]:
+    return [s for s in evidence.servers if s.get("state") == "unreachable"]
+
+
+def _engine_call(controller: RankEvidence, server: dict) -> bool:
+    """The controller's error came from a call to the inference servers (its address, one of
+    their endpoints, a refused connection), not from a bug a teardown then stopped them for."""
+    info = controller.exit
+    text = f"{info.message or ''} {info.traceback or ''}" if info else ""
+    return str(server.get("address")) in text or bool(_SERVER_CALL.search(text))
 
 
 def _failed(process: RankEvidence) -> bool:
@@ -133,7 +144,7 @@ def _crashed(scene: Scene) -> Verdict | None:
     exited = any(r.state == EXITED for r in scene.evidence.ranks)
     if not (exited or scene.evidence.job_failed):
         return None
-    return _crash_verdict(scene.evidence, scene.acts)
+    return crash_verdict(scene.evidence, scene.acts)
 
 
 def _init_deadlock(scene: Scene) -> Verdict | None:
@@ -331,89 +342,6 @@ def _minority(rank_ids: list[int], acts: dict[int, Activity]) -> list[int]:
     if len(tied) > 1:
         return list(rank_ids)
     return [r for r in rank_ids if acts[r].signature != ordered[0][0]]
-
-
-def _crash_verdict(evidence: Evidence, acts: dict[int, Activity]) -> Verdict:
-    exited = [r for r in evidence.ranks if r.state == EXITED]
-    failed = [r for r in exited if r.exit is None or r.exit.code != 0 or r.exit.exc_type]
-    primary = [r for r in failed if not _is_secondary(r)]
-    quiet = [r for r in exited if r.exit is not None and r.exit.code == 0 and not r.exit.exc_type]
-    others_failed_or_waiting = len(failed) > 0 or any(r.state != EXITED for r in evidence.ranks)
-    peers = sorted(
-        {
-            f"{h}:{p}"
-            for r in failed
-            for h, p in _PEER_ADDRESS.findall((r.exit.message or "") if r.exit else "")
-        }
-    )
-    peer_note = f" Peers report lost connections to {', '.join(peers[:3])}." if peers else ""
-
-    if primary:
-        primary.sort(key=lambda r: r.exit.time if r.exit and r.exit.time else float("inf"))
-        first = primary[0]
-        culprits = [r.rank for r in primary if _same_failure(r, first)]
-        rest = [r.rank for r in failed if r.rank not in culprits]
-        tail = f"; {ranks_phrase(rest)} failed after it" if rest else ""
-        return Verdict(
-            "rank_crashed",
-            0.9,
-            sorted(culprits),
-            f"{cap(ranks_phrase(culprits))} failed first: {acts[first.rank].where}"
-            f"{_error_line(first)}{tail}.{peer_note}",
-        )
-    if quiet and others_failed_or_waiting:
-        quiet_ranks = [r.rank for r in quiet]
-        return Verdict(
-            "rank_crashed",
-            0.85,
-            sorted(quiet_ranks),
-            f"{cap(ranks_phrase(quiet_ranks))} exited with code 0 while "
-            f"{'the other ranks failed' if failed else 'the other ranks were still running'}: "
-            f"a rank that leaves early strands its peers.{peer_note}",
-        )
-    if failed:
-        failed.sort(key=lambda r: r.exit.time if r.exit and r.exit.time else float("inf"))
-        first = failed[0]
-        return Verdict(
-            "rank_crashed",
-            0.5,
-            [first.rank],
-            f"{cap(ranks_phrase([first.rank]))} failed first ({acts[first.rank].where}"
-            f"{_error_line(first)}); every failure looks like a consequence of a lost peer."
-            f"{peer_note}",
-        )
-    told = (
-        f"{cap(ranks_phrase([r.rank for r in quiet]))} returned with code 0 and no rank failed"
-        if quiet
-        else "The job failed but no rank left an exit record"
-    )
-    return Verdict("rank_crashed", 0.3, [], f"{told}; see the log tails.")
-
-
-def _is_secondary(rank: RankEvidence) -> bool:
-    info = rank.exit
-    if info is None:
-        return True
-    if info.code is not None and info.code in (-15, -2) and not info.exc_type:
-        return True  # terminated by the launcher after another rank failed
-    text = f"{info.exc_type or ''} {info.message or ''}"
-    return bool(_SECONDARY_FAILURE.search(text))
-
-
-def _same_failure(rank: RankEvidence, first: RankEvidence) -> bool:
-    a, b = rank.exit, first.exit
-    if a is None or b is None:
-        return rank is first
-    close = a.time is not None and b.time is not None and abs(a.time - b.time) < 1.0
-    return rank is first or (close and a.exc_type == b.exc_type and a.code == b.code)
-
-
-def _error_line(rank: RankEvidence, limit: int = 160) -> str:
-    info = rank.exit
-    if info is None or not info.message:
-        return ""
-    message = info.message.strip().splitlines()[0][:limit] if info.message.strip() else ""
-    return f" ({message})" if message else ""
 
 
 def _first_where(rank_ids: list[int], acts: dict[int, Activity]) -> str:

@@ -146,8 +146,9 @@ class Incidents(Escalation):
         """Gather, classify, write, notify and act on one event (once across all leaders). A
         silence becomes a case that ``escalation`` follows until a new step: it is posted (and
         ``on_hang`` run) only once proven, confirmed or past the hard limit."""
-        if self.case is not None:
+        if self.case is not None and trigger is not Trigger.JOB_FAILED:
             return  # the silence under follow is this one
+        self.case = None  # a job that ended failing: its failure is the story now
         silence = trigger in SILENCES  # one report per silence
         key = f"stall-step{self.clock.last_step}" if silence else trigger.value
         if not self.coordinator.claim(key):

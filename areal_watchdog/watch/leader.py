@@ -117,7 +117,7 @@ class Leader:
         connections now; none once the job tears down (its servers are stopped then)."""
         if self.clock.tearing_down:
             return ()
-        found = set(self.watch.pulse.refused())
+        found = set(self.watch.servers_refusing())
         for node, status in self.statuses.items():
             if node != self.node:
                 found |= {str(a) for a in status.get("servers_refusing") or []}

@@ -19,11 +19,13 @@ from areal_watchdog.evidence.gather import GatherSettings, exit_info, gather_nod
 from areal_watchdog.evidence.gpu import GpuBackend, IdleTracker, NoGpu
 from areal_watchdog.evidence.model import RankEvidence
 from areal_watchdog.evidence.rollout import gather_rollout
+from areal_watchdog.evidence.sockets import tcp_bytes
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.watch.server_pulse import ServerPulse
 
 DISCOVERY_EVERY = 10  # polls between full environment scans once all local ranks are known
 MIN_CPU_WINDOW = 0.2  # seconds of CPU accounting behind a utilisation figure
+TEARDOWN_WINDOW_S = 10.0  # a part that ended this close to a server's refusal: a teardown
 WINDOWS_KEPT = 64  # the newest I/O rate windows a look carries (a minute at the shipped poll)
 
 
@@ -88,6 +90,8 @@ class NodeWatch:
     returned: dict[int, bool] = field(default_factory=dict)
     polls: int = 0
     pulse: ServerPulse = field(default_factory=ServerPulse)  # do the servers here generate?
+    ended_at: dict[int, float] = field(default_factory=dict)  # pid -> when it was seen gone
+    server_pids: set[int] = field(default_factory=set)  # the inference servers' pids
 
     @property
     def node(self) -> str:
@@ -109,15 +113,18 @@ class NodeWatch:
         for rank, watched in list(self.live.items()):
             if not watched.sample(now):
                 self.gone[rank] = watched.proc
+                self.ended_at[watched.proc.pid] = now
                 del self.live[rank]
                 self.log(f"{watched.proc.label()} (pid {watched.proc.pid}) exited; "
                          f"{len(self.live)} ranks alive here")  # fmt: skip
         for pid, watched in list(self.workers.items()):
             if not watched.sample(now):
                 self.workers_gone[pid] = watched.proc
+                self.ended_at[pid] = now
                 del self.workers[pid]
                 self.log(f"{watched.proc.label()} (pid {pid}) exited")
         self.pulse.addresses = self.servers()
+        self.server_pids |= {pid for pid, w in self.workers.items() if w.proc.address}
         if self.pulse.addresses:
             self.pulse.start()  # at the first server found here; once
 
@@ -175,11 +182,14 @@ class NodeWatch:
         """Each live rank's and worker's counters read now, by pid (a look compares them with
         the look before: ``watch.second_look``)."""
         found: dict[int | None, dict[str, Any]] = {}
-        for watched in (*self.live.values(), *self.workers.values()):
-            reading = read_counters(watched.handle, now)
+        watched = [*self.live.values(), *self.workers.values()]
+        tcp = tcp_bytes({w.proc.pid for w in watched})
+        for process in watched:
+            reading = read_counters(process.handle, now)
             if reading is not None:
-                windows = [[round(v, 3) for v in w] for w in watched.windows]
-                found[watched.proc.pid] = {**reading.to_dict(), "io_windows": windows}
+                windows = [[round(v, 3) for v in w] for w in process.windows]
+                found[process.proc.pid] = {**reading.to_dict(), "io_windows": windows,
+                                           "tcp_bytes": tcp.get(process.proc.pid)}  # fmt: skip
         return found
 
     def cpu(self) -> dict[int, float]:
@@ -213,6 +223,14 @@ class NodeWatch:
         """Every live process of the job here: the ranks, then the other parts."""
         return [w.proc.pid for w in (*self.live.values(), *self.workers.values())]
 
+    def servers_refusing(self) -> list[str]:
+        """The servers here that answered once and refuse connections now, unless the job's
+        other parts here are ending too (a teardown stops its servers: a controller that raised
+        ends its rollout workers and servers together)."""
+        ended = [at for pid, at in self.ended_at.items() if pid not in self.server_pids]
+        return [address for address, since in self.pulse.refused().items()
+                if not any(at >= since - TEARDOWN_WINDOW_S for at in ended)]  # fmt: skip
+
     def servers(self) -> list[str]:
         """The inference servers found running here (AReaL starts them without name_resolve
         records in single-controller mode: their command line says where they listen)."""
@@ -241,7 +259,7 @@ class NodeWatch:
             "ranks_done": sorted(self.finished_ranks()),
             "workers_alive": sorted(w.proc.label() for w in self.workers.values()),
             "servers": self.pulse.summary(),
-            "servers_refusing": self.pulse.refused(),
+            "servers_refusing": self.servers_refusing(),
             "gpu_use": self.gpu_use(),
         }
 

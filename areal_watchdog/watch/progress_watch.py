@@ -45,6 +45,9 @@ class ProgressWatch:
                 total = status.get("total_steps")
                 self.clock.total = total if isinstance(total, int) else self.clock.total
         progress = [s for s in steps if self.clock.step(s, now, self.tail.stamps.get(s))]
+        if self.tail.phase and not progress:  # AReaL says what the silence is: it counts anew
+            self.clock.hold(now)
+            self.say(f"AReaL announced {self.tail.phase}: the silence counts from here")
         if pause_until > now:
             self.clock.hold(now)
             if pause_until != self.pause_said:

@@ -19,7 +19,7 @@ the job, the leader looks again a few seconds later and compares:
   its read and write calls, or to and from storage, above ``evidence.counters.IO_FLOOR`` in
   more than half of the sidecar's poll windows since the first look, so that the one window in
   which a look's own dumps were written never counts): a checkpoint written in one function,
-  a dataset read;
+  a dataset read; or over TCP (``evidence.sockets``: an upload);
 - a GPU that worked since the first look (utilisation above the idle level at a power above the
   spin fraction, ``evidence.gpu``), matched to its ranks by process: a silent evaluation on the
   GPU is busy, not hung. A NCCL wait spins at low power and is no movement.
@@ -84,6 +84,7 @@ class Marks:
     # pid -> its I/O rate windows (end, bytes read and written a second, bytes to storage)
     io: dict[int, tuple[tuple[float, float, float], ...]] = field(default_factory=dict)
     labels: dict[int, str] = field(default_factory=dict)  # pid -> ``rank 0``, for people
+    tcp: dict[int, tuple[float, int]] = field(default_factory=dict)  # pid -> (at, TCP bytes)
 
 
 def marks(evidence: Evidence, step: int | None) -> Marks:
@@ -97,6 +98,7 @@ def marks(evidence: Evidence, step: int | None) -> Marks:
         {r.rank: _gpu(r.gpu) for r in evidence.ranks if r.gpu and r.state in (BLOCKED, RUNNING)},
         {p.pid: _windows(p) for p in live if p.pid},
         {p.pid: p.label() for p in live if p.pid},
+        {p.pid: tcp for p in live if p.pid and (tcp := _tcp(p)) is not None},
     )
 
 
@@ -171,8 +173,8 @@ def busy_gpus(first: Marks, second: Marks) -> list[str]:
 
 def busy_io(first: Marks, second: Marks) -> list[str]:
     """Processes that read or wrote real data between the looks, by their own counters, one
-    line each: ``rank 0 (pid 7) wrote or read 6.4 MB/s between the looks (a checkpoint, a
-    dataset read), busy, not hung``."""
+    line each: ``rank 0 (pid 7) read or wrote 6.4 MB/s in 3 of 3 polls since the first look
+    (a checkpoint, a dataset read): busy, not hung``; or carried it over TCP (an upload)."""
     found = []
     for pid, windows in sorted(second.io.items()):
         if pid not in first.io:
@@ -184,11 +186,38 @@ def busy_io(first: Marks, second: Marks) -> list[str]:
             continue
         rate = max(statistics.median(w[1] for w in busy), statistics.median(w[2] for w in busy))
         found.append(
-            f"{second.labels.get(pid, f'pid {pid}')} (pid {pid}) read or wrote "
-            f"{rate / 1e6:.1f} MB/s in {len(busy)} of {len(between)} polls since the first look "
-            "(a checkpoint, a dataset read): busy, not hung"
+            f"{_who(second, pid)} read or wrote {rate / 1e6:.1f} MB/s in {len(busy)} of "
+            f"{len(between)} polls since the first look (a checkpoint, a dataset read): busy, "
+            "not hung"
         )
+    return found + _busy_tcp(first, second)
+
+
+def _busy_tcp(first: Marks, second: Marks) -> list[str]:
+    found = []
+    for pid, (at, carried) in sorted(second.tcp.items()):
+        before = first.tcp.get(pid)
+        if before is None or at <= before[0]:
+            continue
+        rate = max(0, carried - before[1]) / (at - before[0])
+        if real_data(rate, 0.0):
+            found.append(
+                f"{_who(second, pid)} sent or received {rate / 1e6:.2f} MB/s over TCP since the "
+                "first look (an upload, a download): busy, not hung"
+            )
     return found
+
+
+def _who(marks_: Marks, pid: int) -> str:
+    return f"{marks_.labels.get(pid, f'pid {pid}')} (pid {pid})"
+
+
+def _tcp(process: RankEvidence) -> tuple[float, int] | None:
+    counters = process.counters or {}
+    at, carried = counters.get("at"), counters.get("tcp_bytes")
+    if isinstance(at, (int, float)) and isinstance(carried, int):
+        return float(at), carried
+    return None
 
 
 def _windows(process: RankEvidence) -> tuple[tuple[float, float, float], ...]:

@@ -76,10 +76,11 @@ class ServerPulse:
         else:
             self.refusing.pop(address, None)
 
-    def refused(self) -> list[str]:
-        """The servers that answered once and refused connections at their last probe."""
+    def refused(self) -> dict[str, float]:
+        """The servers that answered once and refused connections at their last probe, with
+        the time of the first probe that found them refusing."""
         with self.lock:
-            return sorted(self.refusing)
+            return dict(sorted(self.refusing.items()))
 
     def summary(self) -> dict[str, Any] | None:
         """``{"of": servers, "generating": those whose counter moved, "tokens_per_s": sum}``."""

@@ -1,7 +1,9 @@
 """Step lines in logs: ``StepLogTail`` follows log files from their end (AReaL re-uses logs
 across retries, so only new lines count) and reports step numbers, each with its line's own
-timestamp where it has one, and AReaL's own phase timings (``StepPhases``); only files the
-job's own user could have written count (``trusted_log_problem``)."""
+timestamp where it has one, the phases AReaL announces (``PHASE_LINES``: the silence counts
+anew from them, as from an announced pause's start) and AReaL's own phase timings
+(``StepPhases``); only files the job's own user could have written count
+(``trusted_log_problem``)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,17 @@ PHASE_TIME = re.compile(
 # step intervals to the millisecond, whatever the poll's resolution.
 LINE_STAMP = re.compile(r"\(AReaL\) (\d{8}-\d\d:\d\d:\d\d\.\d{3}) ")
 STAMPS_KEPT = 64  # the newest steps whose line's own timestamp is kept
+# The few lines AReaL 1.0.4 and 2.0.0 print around a long silent phase (read in both releases):
+# a phase that starts, or one that ended and lets the next begin. AReaL prints nothing when an
+# FSDP save, an evaluation or an xccl weight update starts (docs/areal.md).
+PHASE_LINES = (
+    (re.compile(r"Saving HF checkpoint to \S+"), "saving an HF checkpoint (Archon)"),
+    (re.compile(r"Scheduled async checkpoint save #\d+"), "an async checkpoint save (Megatron)"),
+    (re.compile(r"Waiting for \d+ pending async checkpoint save"), "async checkpoint saves"),
+    (re.compile(r"Saved recover checkpoint to \S+"), "the recover checkpoint saved"),
+    (re.compile(r"Loading recover info from \S+"), "loading the recover checkpoint"),
+    (re.compile(r"Loading weights from disk done in"), "weights loaded from disk"),
+)
 
 
 def find_progress(line: str, pattern: regex.Pattern[str]) -> tuple[int | None, int | None]:
@@ -75,6 +88,7 @@ class StepLogTail:
         self.phases = StepPhases()
         self.total: int | None = None  # the job's last step, as the last step line said
         self.stamps: dict[int, float] = {}  # step -> its line's own timestamp, where it has one
+        self.phase: str | None = None  # the newest phase AReaL announced since the last poll
         self._started = False
         self._polls = 0
         self._known: list[str] = []  # the paths the patterns matched at the last look
@@ -83,6 +97,7 @@ class StepLogTail:
         """Step numbers printed since the last call; files present at the first call start at
         their end, files that appear later are read from their start."""
         steps: list[int] = []
+        self.phase = None
         for path in self._paths():
             try:
                 stat = os.stat(path)
@@ -143,6 +158,8 @@ class StepLogTail:
                 self.total = total
                 self.phases.new_step()
                 self._stamp(step, raw)
+            else:
+                self.phase = announced_phase(raw) or self.phase
             self.phases.read(raw)
         return steps
 
@@ -157,6 +174,14 @@ class StepLogTail:
         self.stamps[step] = stamp
         while len(self.stamps) > STAMPS_KEPT:
             del self.stamps[min(self.stamps)]
+
+
+def announced_phase(raw: bytes) -> str | None:
+    """The phase an AReaL log line announces (``PHASE_LINES``), for people; None for others."""
+    if b"(AReaL)" not in raw:
+        return None
+    text = ANSI_ESCAPE.sub("", raw.decode("utf-8", errors="replace"))
+    return next((name for pattern, name in PHASE_LINES if pattern.search(text)), None)
 
 
 def trusted_log_problem(path: Path, owner: int) -> str | None:

@@ -8,13 +8,17 @@ hang demo's ``demo.phases`` (``checkpoint@3,cpu_eval@6``: a phase and the step i
               and a Python scoring loop by turns (stacks that vary), no collective
   read        every rank reads its own ``demo.phase_mb`` MB file in 1 MB chunks, spread over
               ``demo.phase_time`` seconds (a dataset shard read at the start of an epoch)
+  upload      ``demo.phase_rank`` posts ``demo.phase_mb`` MB to ``demo.phase_url`` (a slow
+              endpoint: ``tests/slow_endpoint.py``) while the others wait in all_reduce
 """
 
 from __future__ import annotations
 
+import http.client
 import os
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 
 import torch
@@ -51,6 +55,8 @@ def run(name: str, settings: dict, rank: int, shard: Path | None) -> None:
         evaluate(seconds)
     elif name == "read" and shard is not None:
         read_shard(shard, seconds)
+    elif name == "upload" and rank == int(settings["phase_rank"]):
+        upload(str(settings["phase_url"]), megabytes)
 
 
 def save_checkpoint(megabytes: int, seconds: float) -> None:
@@ -90,3 +96,11 @@ def read_shard(shard: Path, seconds: float) -> None:
         while fh.read(CHUNK):
             time.sleep(pause)
     shard.unlink()
+
+
+def upload(url: str, megabytes: int) -> None:
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=600)
+    connection.request("POST", parts.path, body=os.urandom(megabytes * CHUNK))
+    connection.getresponse().read()
+    connection.close()

@@ -217,6 +217,7 @@ def main() -> None:
         "phase_time": 20.0,
         "phase_mb": 100,
         "phase_rank": 0,
+        "phase_url": "",
     }
     settings.update(config.get("demo") or {})
     rank = int(os.environ["RANK"])

@@ -203,3 +203,22 @@ def test_a_culprit_that_is_no_rank_lists_only_what_is_known() -> None:
         "address": "10.0.0.5:30000",
     }
     assert culprit_entry(RankEvidence(3, "n0", 9))["role"] == "rank"
+
+
+def test_a_controller_that_failed_calling_a_dead_server_names_the_server_beside_it() -> None:
+    """AReaL's update_weights failed on a server that refuses connections: the controller's
+    error is the story and the dead server is named beside it. A controller that failed on a
+    bug of its own, whose teardown then stopped the servers, names no server."""
+    server = {"address": "127.0.0.1:30000", "state": "unreachable", "node": "n0"}
+
+    def failed(message: str) -> Verdict:
+        controller = RankEvidence(None, "n0", 7, state=EXITED, role="controller")
+        controller.exit = ExitInfo(1, "exception", 10.0, "EngineCallError", message)
+        return decide(Evidence(1, [], servers=[server], workers=[controller]), {})
+
+    verdict = failed("RuntimeError: /pause_generation answered 500")
+    assert verdict.summary.startswith("The controller failed: raised EngineCallError")
+    assert "The inference server 127.0.0.1:30000 refuses connections (dead?)." in verdict.summary
+    assert [w["role"] for w in verdict.culprit_workers] == ["controller", "inference_server"]
+    bug = failed("ValueError: batch size 2 is smaller than min_groups 8")
+    assert "refuses" not in bug.summary and len(bug.culprit_workers) == 1

@@ -25,7 +25,6 @@ from areal_watchdog.watch.in_flight import InFlightSensor
 from areal_watchdog.watch.job_end import JobEnd
 from areal_watchdog.watch.leader import Leader
 from areal_watchdog.watch.progress import StallClock
-from areal_watchdog.watch.server_pulse import ServerPulse
 from areal_watchdog.watch.triggers import Reported
 
 THRESHOLD = 30.0
@@ -88,7 +87,7 @@ class Node(JobEnd, Leader):
         self.watch = SimpleNamespace(
             live=dict.fromkeys(live), gone=dict.fromkeys(gone), workers={},
             gpus=SimpleNamespace(last=[], quiet_since=None), finished_ranks=lambda: set(done),
-            pulse=ServerPulse(),
+            servers_refusing=list,
         )  # fmt: skip
         self.coordinator = FakeCoordinator()
         self.incidents = FakeIncidents()

@@ -146,3 +146,20 @@ def test_a_late_py_spy_is_asked_again_without_suspending_and_never_signals_the_r
                 "py-spy did not answer within 1 s (not suspending it)"
             )
         assert rank.poll() is None
+
+
+def test_a_server_refusing_is_named_unless_the_jobs_other_parts_end_with_it(
+    tmp_path: Path,
+) -> None:
+    """A server that answered once and refuses now is named in the node's status; when a rollout
+    worker here ended within 10 s of it, it is the job's teardown stopping its servers."""
+    watch = NodeWatch(RunLayout(tmp_path), Scope("r1", "n1", world_size=1), expected=1)
+    watch.pulse.answered.add("127.0.0.1:30000")
+    watch.pulse.refusing["127.0.0.1:30000"] = 100.0
+    watch.server_pids.add(41)
+    watch.ended_at[41] = 99.0  # the server's own process: no teardown
+    assert watch.summary()["servers_refusing"] == ["127.0.0.1:30000"]
+    watch.ended_at[42] = 95.0  # a rollout worker ended 5 s before: a teardown
+    assert watch.summary()["servers_refusing"] == []
+    watch.ended_at[42] = 80.0  # long before: unrelated
+    assert watch.summary()["servers_refusing"] == ["127.0.0.1:30000"]

@@ -115,3 +115,15 @@ def test_a_log_others_may_write_is_refused_and_said(sidecar: Sidecar) -> None:
     (line,) = [line for line in lines(sidecar) if line]
     assert line.endswith("do not count: writable by others (it could fake progress)")
     assert sidecar.clock.last_step is None
+
+
+def test_a_phase_areal_announces_starts_the_silence_anew(sidecar: Sidecar) -> None:
+    append(sidecar, "step 1/10\nstep 2/10\n")
+    sidecar.observe_progress(5.0, leading=True, due=True)
+    append(sidecar, "(AReaL) 20261128-10:00:00.000 Recover INFO: Saved recover checkpoint to /c "
+                    "(with_optim=True)\n")  # fmt: skip
+    sidecar.observe_progress(40.0, leading=True, due=True)
+    assert sidecar.clock.last_step == 2 and sidecar.clock.silent_for(41.0) == 1.0
+    assert "AReaL announced the recover checkpoint saved: the silence counts from here" in lines(
+        sidecar
+    )

@@ -42,7 +42,7 @@ def test_a_servers_counter_that_moves_is_generating_and_one_that_stands_is_not()
         pulse = ServerPulse()
         pulse.sample([address])
         assert pulse.summary() is None  # one probe: no rate yet
-        assert pulse.refused() == []
+        assert pulse.refused() == {}
         generate(address, 32)
         pulse.sample([address])
         moving = pulse.summary()
@@ -55,11 +55,11 @@ def test_a_servers_counter_that_moves_is_generating_and_one_that_stands_is_not()
         server.wait()
     pulse.sample([address])  # gone: refused
     assert pulse.summary() == {"of": 1, "generating": 0, "tokens_per_s": 0.0}
-    assert pulse.refused() == [address]  # it answered once: a fact for the leader
-    assert ServerPulse().refused() == []  # never up (still starting): no fact
+    assert list(pulse.refused()) == [address]  # it answered once: a fact for the leader
+    assert ServerPulse().refused() == {}  # never up (still starting): no fact
     never = ServerPulse()
     never.sample([address])
-    assert never.refused() == []
+    assert never.refused() == {}
 
 
 def test_status_says_how_many_servers_generate_over_every_node(tmp_path: Path) -> None:
