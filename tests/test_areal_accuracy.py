@@ -149,6 +149,27 @@ def test_a_slow_phase_the_job_has_never_seen_trains_to_the_end_and_pages_nobody(
     assert "job completed (last step 4); 0 incident(s), " in result.output
 
 
+@one_release("2.0.0")
+def test_a_silent_checkpoint_save_at_the_shipped_defaults_pages_nobody(
+    launcher: Launcher, harnesses: dict[str, Path], areal: str
+) -> None:
+    """The save of global step 4 writes 90 MB in fsync'd chunks for 45 s with no log line (the
+    example's ``AREAL_EXAMPLE_SILENT_SAVE``), at the shipped threshold (``auto``, learned from
+    the steps before it): the look finds the controller's stack where it was but its own
+    counters writing, busy, not hung; the job trains to the end."""
+    result = run_areal(
+        launcher, harnesses["plain"], "save", python=areal, overrides=
+        ["total_train_steps=6", "watchdog.stall_timeout=auto", "watchdog.poll_interval=1",
+         "+launch.env.AREAL_EXAMPLE_SILENT_SAVE=4:90:45"],
+    )  # fmt: skip
+    assert result.returncode == 0, result.output[-4000:]
+    assert result.reports == []
+    looks = suspected_looks(result.run_dir)
+    assert looks, f"no look at the save: the test proves nothing\n{result.output[-3000:]}"
+    assert "read or wrote" in looks[0]["summary"], looks[0]["summary"]
+    assert "job completed (last step 6); 0 incident(s)" in result.output
+
+
 @one_release("1.0.4")
 def test_a_dead_inference_server_is_confirmed_at_the_first_look_and_the_job_cancelled(
     launcher: Launcher, harnesses: dict[str, Path], areal: str

@@ -204,10 +204,12 @@ class WatchdogSection:
     flight_recorder: bool = key(True, "take every rank's Flight Recorder trace on a stall")
     gpu: GpuSection = field(default_factory=GpuSection)
     confirm_after: float | None = key(None, "seconds between the two looks before on_hang "
-                                      "runs; auto: half the threshold, 2 to 10 s", minimum=0.0,
+                                      "runs; auto: half the threshold (in the warm-up, of what "
+                                      "the steps so far give), 2 to 10 s", minimum=0.0,
                                       shown="auto", auto=True)  # fmt: skip
     cancel_after: float | None = key(None, "the hard limit: no step for this long runs "
-                                     "on_hang; auto: 5x the threshold", minimum=1e-9,
+                                     "on_hang, unless data still moves; auto: 5x the "
+                                     "threshold", minimum=1e-9,
                                      shown="auto", auto=True)  # fmt: skip
     node_timeout: float = key(10.0, "seconds a node's status may stand still before it is lost",
                               minimum=0.5)  # fmt: skip

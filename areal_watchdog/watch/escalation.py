@@ -162,7 +162,7 @@ class Escalation:
         configured = self.info.watchdog.confirm_after
         if configured is not None:
             return configured
-        return min(10.0, max(2.0, self.clock.stepping_basis / 2))
+        return round(min(10.0, max(2.0, self.clock.stepping_basis / 2)), 1)
 
     def judge(self, look: Look) -> None:
         """A first look at the silence: act, wait for a second look, or wait for time (each

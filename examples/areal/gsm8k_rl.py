@@ -4,8 +4,11 @@ The changes: rollouts run ``tool_workflow.ToolRLVRWorkflow`` (AReaL's ``RLVRWork
 calculator tool) instead of ``areal.workflow.rlvr.RLVRWorkflow``, or another workflow
 (``AREAL_EXAMPLE_WORKFLOW``, e.g. ``agent_workflow.AgentWorkflow``); the reward function may be
 another one (``AREAL_EXAMPLE_REWARD_FN``, an import string, as AReaL names reward functions);
-and AReaL's single controller waits up to 300 s, not its fixed 60 s, for a worker it forks
-(``patient_worker_forks``). Everything else is AReaL's example as shipped. Run it the way
+AReaL's single controller waits up to 300 s, not its fixed 60 s, for a worker it forks
+(``patient_worker_forks``); and ``AREAL_EXAMPLE_SILENT_SAVE=STEP:MB:SECONDS`` makes the save of
+that global step write MB megabytes more, in fsync'd 1 MB chunks over SECONDS, with no log line
+(``silent_save``: a large model's checkpoint on a slow filesystem). Everything else is AReaL's
+example as shipped. Run it the way
 AReaL's docs do, watched::
 
     areal-launch --watchdog local examples/areal/gsm8k_grpo.yaml
@@ -13,6 +16,8 @@ AReaL's docs do, watched::
 
 import os
 import sys
+import tempfile
+import time
 
 from areal import PPOTrainer
 from areal.api.cli_args import GRPOConfig, load_expr_config
@@ -40,8 +45,33 @@ def patient_worker_forks(seconds: float = 300.0) -> None:
     LocalScheduler._wait_for_fork_ready = staticmethod(patient)
 
 
+def silent_save() -> None:
+    """AReaL's ``Saver.save`` (called by the trainer at every step; it saves when its frequency
+    says so), which at ``AREAL_EXAMPLE_SILENT_SAVE``'s step first writes for as long as asked."""
+    spec = os.environ.get("AREAL_EXAMPLE_SILENT_SAVE")
+    if not spec:
+        return
+    from areal.utils.saver import Saver
+
+    at, megabytes, seconds = spec.split(":")
+    original = Saver.save
+
+    def save(self, engine, epoch, step, global_step, *args, **kwargs):
+        if global_step == int(at):
+            with tempfile.TemporaryFile(dir=self.config.fileroot) as fh:
+                for _ in range(int(megabytes)):
+                    fh.write(os.urandom(1 << 20))
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                    time.sleep(float(seconds) / int(megabytes))
+        return original(self, engine, epoch, step, global_step, *args, **kwargs)
+
+    Saver.save = save
+
+
 def main(args):
     patient_worker_forks()
+    silent_save()
     config, _ = load_expr_config(args, GRPOConfig)
     tokenizer = load_hf_tokenizer(config.tokenizer_path)
 
