@@ -270,13 +270,14 @@ def _ms(seconds: list[float]) -> tuple[str, str]:
 def sensor_cost(root: Path, seconds: int) -> Rows:
     """What one sensing costs (the sidecar senses each poll while the job is silent): its wall
     time as the sidecar published it, and the ranks' CPU a sensing (their listener's dump of
-    the entries in flight), on a job whose ranks 0-2 wait in one all_reduce for rank 3's 600 s
-    step."""
+    the entries in flight), on a job whose ranks 0-2 wait in one all_reduce while rank 3 writes
+    a checkpoint for 600 s (1 MB/s: moving data, so the sensor reads on and never looks; a
+    rank 3 that only slept would be a hang, posted)."""
     trial = "sensor"
     cmd = [sys.executable, "-m", "areal_watchdog.cli", "--watchdog", "local", str(DEMO),
            f"cluster.fileroot={root}", f"trial_name={trial}", *SHIPPED, "demo.hang=none",
-           "watchdog.stall_timeout=600", f"demo.slow_step={HANG_STEP}", "demo.slow_time=600",
-           "demo.slow_rank=3"]  # fmt: skip
+           "watchdog.stall_timeout=600", f"demo.phases=checkpoint@{HANG_STEP}",
+           "demo.phase_rank=3", "demo.phase_time=600", "demo.phase_mb=600"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, cwd=REPO,
                             start_new_session=True)  # fmt: skip
     try:
