@@ -35,8 +35,7 @@ class _Watched:
     handle: psutil.Process
     window: Counters  # the reading the rates are taken from (at least ``MIN_CPU_WINDOW`` old)
     utilization: float | None = None  # cores busy over the last window
-    rates: dict[str, float] | None = None  # its counters' rates over the last window
-    counters: Counters | None = None  # the newest reading
+    counters: Counters | None = None  # the newest reading (a look reports it)
     windows: deque[tuple[float, float, float]] = field(
         default_factory=lambda: deque(maxlen=WINDOWS_KEPT)
     )  # (end, bytes read and written a second, bytes to and from storage a second)
@@ -63,11 +62,11 @@ class _Watched:
             return False
         self.counters = counters
         if now - self.window.at >= MIN_CPU_WINDOW:  # shorter windows give noisy rates
-            self.rates = rates(self.window, counters)
-            self.utilization = self.rates["cpu"] if self.rates else None
+            found = rates(self.window, counters)
+            self.utilization = found["cpu"] if found else None
             self.window = counters
-            if self.rates and "io" in self.rates:
-                self.windows.append((now, self.rates["io"], self.rates.get("disk", 0.0)))
+            if found and "io" in found:
+                self.windows.append((now, found["io"], found.get("disk", 0.0)))
         return True
 
 
@@ -158,7 +157,7 @@ class NodeWatch:
         items = gather_node(self.layout, self.node, live, dict(self.gone), self.cpu(), settings)
         by_pid = self.gpus.per_pid()
         by_index = {g["index"]: g for g in by_pid.values()} or self.gpus.per_index()
-        counters = self.counters(time.time())
+        counters = self.counters()
         for item in items:
             item.gpu = by_pid.get(item.pid) or by_index.get(item.local_rank)
             item.counters = counters.get(item.pid)
@@ -173,22 +172,22 @@ class NodeWatch:
         items = gather_workers(
             self.layout, live, list(self.workers_gone.values()), self.cpu(), settings
         )
-        counters = self.counters(time.time())
+        counters = self.counters()
         for item in items:
             item.counters = counters.get(item.pid)
         return items
 
-    def counters(self, now: float) -> dict[int | None, dict[str, Any]]:
-        """Each live rank's and worker's counters read now, by pid (a look compares them with
-        the look before: ``watch.second_look``)."""
-        found: dict[int | None, dict[str, Any]] = {}
+    def counters(self) -> dict[int | None, dict[str, Any]]:
+        """Each live rank's and worker's counters as its last sample read them (the look's
+        refresh, or the poll before), with its I/O rate windows and TCP bytes, by pid (a look
+        compares them with the look before: ``watch.second_look``)."""
         watched = [*self.live.values(), *self.workers.values()]
         tcp = tcp_bytes({w.proc.pid for w in watched})
+        found: dict[int | None, dict[str, Any]] = {}
         for process in watched:
-            reading = read_counters(process.handle, now)
-            if reading is not None:
+            if process.counters is not None:
                 windows = [[round(v, 3) for v in w] for w in process.windows]
-                found[process.proc.pid] = {**reading.to_dict(), "io_windows": windows,
+                found[process.proc.pid] = {**process.counters.to_dict(), "io_windows": windows,
                                            "tcp_bytes": tcp.get(process.proc.pid)}  # fmt: skip
         return found
 
