@@ -41,7 +41,7 @@ HEADER = (
     "same, other file first",
     "ok",
 )
-_CULPRIT = re.compile(r"Culprit rank (\d+)|missing ranks: \{([\d, ]+)\}")
+CULPRIT = re.compile(r"Culprit rank (\d+)|missing ranks: \{([\d, ]+)\}")
 
 
 def torchfrtrace() -> list[str]:
@@ -82,8 +82,8 @@ def run_torchfrtrace(directory: Path, prefix: str) -> tuple[list[int] | str, flo
     blocks = re.split(r"\n(?=Collective sequence number|Not all ranks joining)", text)
     for block in blocks[1:] if len(blocks) > 1 else []:
         named = sorted(
-            {int(a) for a, _ in _CULPRIT.findall(block) if a}
-            | {int(r) for _, b in _CULPRIT.findall(block) if b for r in b.split(",")}
+            {int(a) for a, _ in CULPRIT.findall(block) if a}
+            | {int(r) for _, b in CULPRIT.findall(block) if b for r in b.split(",")}
         )
         if named:
             return named, elapsed

@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_areal import run_areal_benchmarks  # noqa: E402
 from bench_diagnose import run_diagnose_benchmarks  # noqa: E402
 from bench_faults import run_fault_benchmarks  # noqa: E402
+from bench_metrics import run_metrics_benchmarks  # noqa: E402
 from bench_netfs import run_netfs_benchmarks  # noqa: E402
 from bench_notify import run_notify_benchmarks  # noqa: E402
 from bench_resume import run_resume_benchmarks  # noqa: E402
@@ -37,6 +38,7 @@ TOPICS = {
     "netfs": run_netfs_benchmarks,
     "areal": run_areal_benchmarks,
     "resume": run_resume_benchmarks,
+    "metrics": run_metrics_benchmarks,
 }
 
 

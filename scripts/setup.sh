@@ -8,15 +8,19 @@
 #                                   # from PyPI in .venv, and 2.0.0 in .venv-areal2 when the
 #                                   # wheel built from AReaL's v2.0.0 tag is at $AREAL2_WHEEL
 #                                   # (default ../shared/vendor/areal-2.0.0-py3-none-any.whl)
+#   bash scripts/setup.sh --peers   # also nvidia-resiliency-ext 0.4.1 (HangBench's ft_launcher)
+#                                   # in .hangbench-peers, apart from .venv (docs/hangbench.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 AREAL=0
 VLLM=0
+PEERS=0
 for arg in "$@"; do
   case "$arg" in
     --areal) AREAL=1 ;;
     --vllm) VLLM=1 ;;
-    *) echo "setup.sh: unknown option $arg (use --areal, --vllm)" >&2; exit 2 ;;
+    --peers) PEERS=1 ;;
+    *) echo "setup.sh: unknown option $arg (use --areal, --vllm, --peers)" >&2; exit 2 ;;
   esac
 done
 VENV="${AREAL_WATCHDOG_VENV:-.venv}"
@@ -51,8 +55,9 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   echo "[setup] installing torch (CPU build)"
   "${PIP[@]}" "torch==2.13.0"
 fi
-echo "[setup] installing areal-watchdog, its test tools and the timeline's plotting (matplotlib)"
-"${PIP[@]}" -e ".[test,plots]"
+echo "[setup] installing areal-watchdog, its test tools, the timeline's plotting (matplotlib)" \
+  "and the metrics' client (prometheus_client)"
+"${PIP[@]}" -e ".[test,plots,metrics]"
 if [ "$AREAL" = 1 ] \
   && ! "$VENV/bin/python" -c "import areal, math_verify, peft, torchdata" >/dev/null 2>&1; then
   # AReaL pins torch<2.11, which is not to be had here: areal and the packages that would pull
@@ -85,6 +90,14 @@ if [ "$AREAL" = 1 ] && ! areal2_installed; then
       "(git checkout v2.0.0 && pip wheel --no-deps -w dist .) and run again with" \
       "AREAL2_WHEEL=/path/to/AReaL/dist/areal-2.0.0-py3-none-any.whl"
   fi
+fi
+
+# HangBench's peer: nvidia-resiliency-ext's ft_launcher, apart from .venv so that the tests never
+# see it (its torch and NVML requirements are .venv's already; only defusedxml is new).
+PEERS_DIR=.hangbench-peers
+if [ "$PEERS" = 1 ] && [ ! -d "$PEERS_DIR/nvidia_resiliency_ext" ]; then
+  echo "[setup] installing nvidia-resiliency-ext 0.4.1 into $PEERS_DIR (HangBench's ft_launcher)"
+  "${PIP[@]}" --no-deps --target "$PEERS_DIR" "nvidia-resiliency-ext==0.4.1" "defusedxml==0.7.1"
 fi
 
 if [ -n "$VLLM_PID" ] && ! wait "$VLLM_PID"; then

@@ -19,7 +19,7 @@ LAYERS = [
     ["evidence", "trajectory"],
     ["rank", "diagnose"],
     ["report"],
-    ["notify"],
+    ["notify", "metrics"],
     ["watch", "launch"],
     ["recover"],
     ["doctor", "workflow_check"],

@@ -386,6 +386,8 @@ def test_a_sink_that_gives_up_is_said_with_the_spool_path(
     notifier.close(timeout=10)
     (line,) = said
     assert f"notification to {spec.name}" in line and words in line, line
+    outcome = "spooled" if status == 500 else "refused"  # what the metrics count
+    assert (notifier.deliveries, notifier.spool_depth) == ({(spec.name, outcome): 1}, status == 500)
     if status == 500:
         assert f"kept in {tmp_path / 'spool'}" in line
         assert len(Spool(tmp_path / "spool").pending()) == 1

@@ -171,6 +171,22 @@ class TrajectorySection:
 
 
 @dataclass(frozen=True)
+class MetricsSection:
+    """``watchdog.metrics``: Prometheus metrics from every sidecar (docs/monitoring.md)."""
+
+    http: bool = key(False, "serve /metrics over HTTP from every sidecar")
+    host: str = key("127.0.0.1", "the address the endpoint binds (docs/security.md)")
+    port: int = key(0, "the endpoint's port; 0: the launcher finds a free one (on a "
+                    "scheduler's nodes each sidecar does); written to watchdog/metrics/<node>.json",
+                    minimum=0)  # fmt: skip
+    file_sd_dir: str | None = key(None, "a directory every job shares where each endpoint's "
+                                  "Prometheus file_sd target is written too")  # fmt: skip
+    textfile_dir: str | None = key(None, "node_exporter's textfile collector directory: a "
+                                   ".prom file replaced each poll, removed when the job "
+                                   "ends")  # fmt: skip
+
+
+@dataclass(frozen=True)
 class WatchdogSection:
     """How the sidecar decides that the job stalled and what it does then."""
 
@@ -216,13 +232,15 @@ class WatchdogSection:
     evidence_timeout: float = key(10.0, "seconds the leader waits for the nodes' evidence",
                                   minimum=0.1)  # fmt: skip
     trajectory: TrajectorySection = field(default_factory=TrajectorySection)
+    metrics: MetricsSection = field(default_factory=MetricsSection)
 
     def __post_init__(self) -> None:
         # read back from launch.json: the choices are their plain values, sections dicts
         object.__setattr__(self, "on_hang", HangAction(self.on_hang))
         object.__setattr__(self, "stack_method", StackMethod(self.stack_method))
-        for name, section in (("gpu", GpuSection), ("resume", ResumeSection),
-                              ("trajectory", TrajectorySection)):  # fmt: skip
+        sections = (("gpu", GpuSection), ("resume", ResumeSection),
+                    ("trajectory", TrajectorySection), ("metrics", MetricsSection))  # fmt: skip
+        for name, section in sections:
             value = getattr(self, name)
             if isinstance(value, dict):
                 object.__setattr__(self, name, section(**value))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -160,7 +161,24 @@ def _watchdog(check: Checker, wd: dict[str, Any]) -> WatchdogSection:
         raise check.fail(
             "watchdog.gpu.recording", "is missing: the recorded backend replays a file of samples"
         )
+    _metrics(check, section)
     return section
+
+
+def _metrics(check: Checker, section: WatchdogSection) -> None:
+    """Metrics need their client library, and a textfile directory that exists."""
+    metrics = section.metrics
+    if not metrics.http and not metrics.textfile_dir:
+        return
+    key = "watchdog.metrics.http" if metrics.http else "watchdog.metrics.textfile_dir"
+    if importlib.util.find_spec("prometheus_client") is None:
+        raise check.fail(key, "needs prometheus_client: pip install 'areal-watchdog[metrics]'")
+    if metrics.file_sd_dir and not Path(metrics.file_sd_dir).is_dir():
+        raise check.fail("watchdog.metrics.file_sd_dir", f"{metrics.file_sd_dir} is not a "
+                         "directory; name the one Prometheus' file_sd_configs reads")  # fmt: skip
+    if metrics.textfile_dir and not Path(metrics.textfile_dir).is_dir():
+        raise check.fail("watchdog.metrics.textfile_dir", f"{metrics.textfile_dir} is not a "
+                         "directory; name node_exporter's textfile directory")  # fmt: skip
 
 
 def _notify(check: Checker, wd: dict[str, Any], key: str) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ from typing import TextIO
 
 from areal_watchdog.common.atomic import open_append, read_json, write_json_atomic
 from areal_watchdog.common.mask import Mask
+from areal_watchdog.common.ports import free_port
 from areal_watchdog.config.entrypoint import launch_mode
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.areal import ArealJob, plan_areal
@@ -85,8 +86,10 @@ class LocalBackend(KnownByRunDir):
         else:
             job = plan_areal(config, mode, self.name, layout, env, ranks, node)
             tree = job.tree
-        info = LaunchInfo.for_config(
-            config, run_id, "local", layout.run_dir, job.world_size, [node], mode, job.rank_role
+        info = with_metrics_port(
+            LaunchInfo.for_config(
+                config, run_id, "local", layout.run_dir, job.world_size, [node], mode, job.rank_role
+            )
         )
         processes = list(job.processes)
         if watchdog:
@@ -110,6 +113,16 @@ class LocalBackend(KnownByRunDir):
 
     def release(self) -> None:
         """Nothing outlives a run here."""
+
+
+def with_metrics_port(info: LaunchInfo) -> LaunchInfo:
+    """A metrics endpoint on a port left to us gets a free one now, in the plan: ``--dry-run``
+    shows it and ``launch.json`` carries it to the sidecar."""
+    metrics = info.watchdog.metrics
+    if not metrics.http or metrics.port:
+        return info
+    chosen = replace(metrics, port=free_port(metrics.host))
+    return replace(info, watchdog=replace(info.watchdog, metrics=chosen))
 
 
 class _LocalRun:

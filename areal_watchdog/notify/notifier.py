@@ -7,6 +7,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from areal_watchdog.config.sinks import (
     SinkSpec,
     secret_values,
 )
-from areal_watchdog.notify.delivery import deliver, delivery_id, flush
+from areal_watchdog.notify.delivery import Outcome, deliver, delivery_id, flush
 from areal_watchdog.notify.envelope import encode
 from areal_watchdog.notify.follow_ups import send_follow_up
 from areal_watchdog.notify.open_incidents import RESOLVED, OpenIncidents
@@ -74,6 +75,8 @@ class Notifier:
         self.queue: queue.Queue[dict[str, Any] | Picture | Resolution | None]
         self.queue = queue.Queue(maxsize=100)
         self.last_flush = time.monotonic()
+        self.deliveries: Counter[tuple[str, str]] = Counter()  # (sink, outcome): the metrics
+        self.spool_depth = 0  # notifications waiting for a retry, after the last send or flush
         self.thread = threading.Thread(target=self._work, name="areal-watchdog-notify", daemon=True)
         if specs:
             self.thread.start()
@@ -153,6 +156,7 @@ class Notifier:
         self.last_flush = time.monotonic()
         if self.spool.pending():
             flush(self.spool, self.redactor, log=self.log, say=self.say)
+            self.spool_depth = len(self.spool.pending())
 
     def _deliver(self, report: dict[str, Any]) -> None:
         done = self.spool.delivered_ids()
@@ -163,6 +167,7 @@ class Notifier:
             body = encode(kind.report(report))
             outcome = deliver(sink, body, message_id, self.redactor, self.spool)
             self.log(f"notify {sink.spec.name}: {outcome.describe()}")
+            self._count(sink.spec.name, outcome)
             if outcome.delivered:
                 continue
             if outcome.retryable:
@@ -175,6 +180,12 @@ class Notifier:
                     f"notification to {sink.spec.name} refused by the receiver "
                     f"({outcome.error}); not retried"
                 )
+
+    def _count(self, sink: str, outcome: Outcome) -> None:
+        kind = "refused" if not outcome.delivered and not outcome.retryable else "spooled"
+        self.deliveries[(sink, "delivered" if outcome.delivered else kind)] += 1
+        if not outcome.delivered:
+            self.spool_depth = len(self.spool.pending())
 
     def _resolve(self, item: Resolution) -> None:
         incident = item.report["incident_id"]

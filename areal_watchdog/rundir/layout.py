@@ -153,6 +153,11 @@ class RunLayout:
         return self.watch_dir / "slurm_job.json"
 
     @property
+    def metrics_dir(self) -> Path:
+        """One file per node whose sidecar serves metrics over HTTP (``metrics_endpoint.py``)."""
+        return self.watch_dir / "metrics"
+
+    @property
     def spool_dir(self) -> Path:
         """Notifications that could not be delivered yet."""
         return self.watch_dir / "spool"

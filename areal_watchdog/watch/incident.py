@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import shlex
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,14 @@ class LocalEvidence:
             "flight_records": self.traces,
             "servers": self.servers,
         }
+
+
+def look_outcome(post: bool, confirmation: dict[str, Any] | None) -> str:
+    """A look as the metrics count it: posted, damage (a warning), dismissed (something moved)
+    or written (a slow phase, or a verdict only time decides)."""
+    if post:
+        return "damage" if (confirmation or {}).get("warning") else "posted"
+    return "dismissed" if (confirmation or {}).get("moved") else "written"
 
 
 def job_secrets(pids: list[int]) -> list[str]:
@@ -141,6 +150,8 @@ class Incidents(Escalation):
     cancelling: bool = False
     history: History = field(default_factory=History)  # the timeline's steps and GPU samples
     drawings: Drawings | None = None  # the timelines being drawn
+    look_outcomes: Counter[str] = field(default_factory=Counter)  # the metrics read them
+    posted_kinds: Counter[str] = field(default_factory=Counter)  # posted incidents by category
 
     def open(self, trigger: Trigger, statuses: dict, lost: tuple[str, ...] = ()) -> None:
         """Gather, classify, write, notify and act on one event (once across all leaders). A
@@ -204,6 +215,8 @@ class Incidents(Escalation):
         report, by_node = split_ranks(report)
         if post:
             self.notifier.submit(report)  # first: a message needs no disk
+            self.posted_kinds[verdict.category] += 1
+        self.look_outcomes[look_outcome(post, confirmation)] += 1
         culprits = culprits_phrase(verdict.culprit_ranks, verdict.culprit_workers)
         verdict_line = f"{verdict.category}, {culprits}: {report['summary']}"
         history = self.history.to_dict() if post else None

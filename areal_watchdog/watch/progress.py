@@ -81,6 +81,8 @@ class StallClock:
     learned_step: float = 0.0  # the longest step the job's own timings report (StepPhases)
     last_stamp: float | None = None  # the last step line's own timestamp, where it had one
     intervals: deque[float] = field(default_factory=lambda: deque(maxlen=INTERVALS_KEPT))
+    intervals_seen: int = 0  # every interval ever measured (the metrics' histogram counts them)
+    last_step_at: float | None = None  # when the last step was seen (its line's stamp if any)
     stats: dict[str, float | int | None] = field(default_factory=lambda: interval_summary([]))
 
     def __post_init__(self) -> None:
@@ -100,9 +102,10 @@ class StallClock:
             interval = stamped if stamped is not None and stamped >= 0 else seen
             self.max_interval = max(self.max_interval, interval)
             self.intervals.append(interval)
+            self.intervals_seen += 1
             self.stats = interval_summary(list(self.intervals))  # once a step, not once a read
         self.last_step, self.last_stamp = step, stamp
-        self.last_progress_at = now
+        self.last_progress_at, self.last_step_at = now, stamp or now
         return True
 
     def adopt(self, step: object, progress_at: object) -> None:

@@ -33,7 +33,6 @@ from areal_watchdog.notify.notifier import Notifier
 from areal_watchdog.rundir.history import History
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_RAYLET
-from areal_watchdog.rundir.pace import Pace
 from areal_watchdog.rundir.secure import run_dir_owner
 from areal_watchdog.watch.coordination import Coordinator
 from areal_watchdog.watch.drawings import Drawings
@@ -42,12 +41,14 @@ from areal_watchdog.watch.incident import Incidents, local_evidence
 from areal_watchdog.watch.job_end import JobEnd
 from areal_watchdog.watch.launcher_heartbeat import watch_heartbeat
 from areal_watchdog.watch.leader import Leader
+from areal_watchdog.watch.metrics_feed import start_feed
 from areal_watchdog.watch.node import NodeWatch
 from areal_watchdog.watch.progress import HeartbeatState, StallClock, default_log_patterns
 from areal_watchdog.watch.progress_watch import ProgressWatch
 from areal_watchdog.watch.scheduler import placement
 from areal_watchdog.watch.standby import wait_for_node_lock
 from areal_watchdog.watch.status_keeper import StatusKeeper
+from areal_watchdog.watch.status_publisher import StatusPublisher
 from areal_watchdog.watch.step_log import StepLogTail
 from areal_watchdog.watch.triggers import Reported
 
@@ -57,7 +58,7 @@ REQUEST_LOOK, REQUEST_WINDOW = 0.3, 1.0  # seconds: a follower's looks for the r
 
 
 @dataclass
-class Sidecar(JobEnd, Leader, ProgressWatch):
+class Sidecar(JobEnd, Leader, ProgressWatch, StatusPublisher):
     """The watchdog loop for one node (how the job ends: ``job_end``; what the leader does each
     poll: ``leader``)."""
 
@@ -117,6 +118,7 @@ class Sidecar(JobEnd, Leader, ProgressWatch):
         self.pause_said = 0.0  # the end of the announced pause already said
         self.run_dir_lost = False
         self.slow_said = False
+        self.metrics = start_feed(self.info, self.node, self.say)
 
     # ----------------------------------------------------------------- output
     def say(self, message: str) -> None:
@@ -165,18 +167,27 @@ class Sidecar(JobEnd, Leader, ProgressWatch):
         )
         with StatusKeeper(self.coordinator) as keeper:  # a long step never looks like a loss
             while not self.done and not self.stopping:
+                started = time.perf_counter()
                 with keeper.step():
                     self.guarded(self.poll, time.time())
+                self.guarded(self.measured, time.perf_counter() - started)
                 if self.done:
                     break
                 time.sleep(self.pause(wd.poll_interval))
             if self.stopping and not self.done:
                 with keeper.step():
                     self.guarded(lambda _now: self.on_job_ending(), time.time())
+        if self.metrics is not None:
+            self.metrics.close()
         if self.incidents.drawings is not None:
             self.incidents.drawings.wait()  # their pictures go out with what is queued
         self.notifier.close(timeout=NOTIFY_FINISH_TIMEOUT)
         return 0
+
+    def measured(self, poll_seconds: float) -> None:
+        """The metrics after a poll (when ``watchdog.metrics`` asks for them)."""
+        if self.metrics is not None:
+            self.metrics.update(self, poll_seconds, running=self.own_exit is None)
 
     def reads_leader_closely(self, now: float) -> bool:
         """Whether a follower reads the leader's status every poll, else when due: from a poll
@@ -270,49 +281,6 @@ class Sidecar(JobEnd, Leader, ProgressWatch):
                 "longer follow this job; it will not report or cancel anything"
             )
         return False
-
-    def publish(self, state: str) -> None:
-        """Our status: when due, or at once when what peers act on changed."""
-        status = self.status(state)
-        news = {k: status[k] for k in ("state", "ranks_gone", "last_incident")}
-        news["look"] = status["pace"]["look"]  # a look opened or decided: status says it now
-        try:
-            if self.coordinator.publish(status, force=news != self.published):
-                self.published = news
-        except OSError as exc:  # a full disk: peers miss one status, the watching goes on
-            self.log(f"cannot publish the node status: {exc}")
-
-    def status(self, state: str) -> dict[str, Any]:
-        written = self.incidents.written
-        return {
-            "state": state,
-            "returncode": (self.own_exit or {}).get("returncode"),
-            "last_step": self.clock.last_step,
-            "last_progress_at": self.clock.last_progress_at,
-            "total_steps": self.clock.total,
-            "local_step": self.beats.max_step,
-            "pause_until": self.beats.pause_until,
-            "pause_reason": self.beats.pause_reason,
-            "leader": self.coordinator.leader(),
-            "gpus": len(self.watch.gpus.last),
-            "gpu_quiet_since": self.watch.gpus.quiet_since,
-            "job_id": self.job_id,
-            "last_incident": str(written[-1]) if written else None,
-            "pace": self.pace().to_dict(),
-            "in_flight": self.in_flight.reading.to_dict() if self.in_flight.reading else None,
-            **self.watch.summary(),
-        }
-
-    def pace(self) -> Pace:
-        """The job's pace for ``status`` ("slow or hung?"): the clock, the GPUs, the open look."""
-        clock, gpus = self.clock, self.watch.gpus
-        look, look_state = self.incidents.open_look()
-        return Pace(
-            clock.last_step, clock.last_progress_at, clock.threshold, clock.learned,
-            **clock.stats, gpus=len(gpus.last),
-            gpus_working=sum(gpus.state(g) == "working" for g in gpus.last),
-            look=look, look_state=look_state, hard_limit=self.incidents.cancel_after(),
-        )  # fmt: skip
 
     def answer_request(self) -> None:
         """Send this node's evidence for a request we have not answered yet."""

@@ -25,7 +25,7 @@ from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_CANCEL_FD
 from areal_watchdog.watch.coordination import Coordinator
-from areal_watchdog.watch.incident import Incidents, job_secrets
+from areal_watchdog.watch.incident import Incidents, job_secrets, look_outcome
 from areal_watchdog.watch.progress import StallClock
 from conftest import sleeper
 
@@ -143,6 +143,8 @@ def test_a_crashed_rank_is_reported_posted_and_the_launcher_asked_to_cancel(
     assert any(line.startswith("report written: ") and "rank_crashed" in line for line in lines)
     assert lines[-1] == "on_hang=cancel: asking the launcher to terminate the job"
     assert d.cancelling
+    # what the metrics count (areal_watchdog_looks_total, areal_watchdog_incidents_total)
+    assert (d.look_outcomes, d.posted_kinds) == ({"posted": 1}, {"rank_crashed": 1})
 
 
 def test_on_hang_report_writes_and_posts_but_never_cancels(tmp_path: Path, launcher_pipe) -> None:
@@ -159,6 +161,19 @@ def test_on_hang_report_writes_and_posts_but_never_cancels(tmp_path: Path, launc
     assert len(d.notifier.sent) == 1
     assert HangRequest.read(d.info.layout) is None and launcher_pipe() == []
     assert not any(line.startswith("on_hang=") for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("post", "confirmation", "outcome"),
+    [
+        (True, {"warning": True}, "damage"),
+        (True, {"moved": []}, "posted"),
+        (False, {"moved": ["rank 0 read or wrote 5.2 MB/s"]}, "dismissed"),
+        (False, {"moved": []}, "written"),
+    ],
+)
+def test_each_look_is_counted_by_its_outcome(post: bool, confirmation: dict, outcome: str) -> None:
+    assert look_outcome(post, confirmation) == outcome
 
 
 def test_one_event_is_reported_once_across_leaders(tmp_path: Path) -> None:

@@ -1,0 +1,2 @@
+"""HangBench: labelled training hangs and slow-but-healthy phases, every tool scored on the same
+runs (``python -m benchmarks.hangbench``; docs/hangbench.md)."""

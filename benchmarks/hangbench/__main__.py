@@ -1,0 +1,139 @@
+"""HangBench: ``python -m benchmarks.hangbench`` runs every case under every tool and writes the
+scorecard (``--only``, ``--tool``, ``--repeat`` for the impatient; docs/hangbench.md).
+
+Every selected tool watches the same run of a case: the run lasts until the case's limit has
+passed since its hang (or until a healthy job ends), so no tool's action hides another's signal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parents[1] / "tests")]
+
+import runs  # noqa: E402
+import scorecard  # noqa: E402
+from cases import CaseError, load_cases  # noqa: E402
+from slow_endpoint import SlowEndpoint  # noqa: E402
+from tools import AreaLWatchdog, FaultTolerance, FlightRecorderTrace, TorchTimeout, available  # noqa: E402
+
+from receiver import Receiver  # noqa: E402
+
+UPLOAD: SlowEndpoint  # the slow HTTP endpoint upload cases post to
+GRACE_S = 5.0  # a run lasts this long past its limit: a timeout set to the limit is seen
+
+
+def main() -> int:
+    args = _parser().parse_args()
+    try:
+        cases = load_cases()
+    except CaseError as error:
+        print(f"hangbench: {error}", file=sys.stderr)
+        return 2
+    selected = [c for c in cases if not args.only or any(o in c.name for o in args.only.split(","))]
+    if not selected:
+        print(f"hangbench: no case matches --only {args.only}; see --list", file=sys.stderr)
+        return 2
+    if args.list:
+        for case in cases:
+            print(f"{case.name:32} {scorecard._label(case)}")
+        return 0
+    global UPLOAD
+    UPLOAD = SlowEndpoint()
+    receiver = Receiver("hangbench-secret")
+    os.environ.update(BENCH_HOOK_URL=receiver.url(), BENCH_HOOK_SECRET="hangbench-secret")
+    every = [AreaLWatchdog(receiver), TorchTimeout(), FlightRecorderTrace(), FaultTolerance()]
+    names = args.tool.split(",") if args.tool else [t.name for t in every]
+    if unknown := set(names) - {t.name for t in every}:
+        print(f"hangbench: unknown --tool {sorted(unknown)}; choose from "
+              f"{', '.join(t.name for t in every)}", file=sys.stderr)  # fmt: skip
+        return 2
+    tools = [t for t in every if t.name in names]
+    try:
+        scores = bench(selected, tools, args.repeat, args.out)
+    finally:
+        receiver.close()
+        UPLOAD.close()
+    return 0 if scores else 1
+
+
+def bench(cases: list, tools: list, repeat: int, out: Path) -> list:
+    started, scores = time.time(), []
+    meta = {"when": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "repeat": repeat,
+            "tools": [t.name for t in tools], "machine": f"{os.cpu_count()} cores"}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="hangbench-") as tmp:
+        for n, case in enumerate(cases, 1):
+            for r in range(repeat):
+                scores += run_case(case, tools, r, Path(tmp) / f"{case.name}-{r}", out / "runs")
+                mine = [s for s in scores if s.case == case.name and s.repeat == r]
+                print(
+                    f"[{n}/{len(cases)} {time.time() - started:5.0f} s] {case.name}: "
+                    + "; ".join(f"{s.tool} {scorecard._cell([s])}" for s in mine),
+                    flush=True,
+                )
+            meta["minutes"] = (time.time() - started) / 60
+            scorecard.write(scores, cases[:n], [t.name for t in tools], out, meta)
+    print(f"\nscorecard: {out}/scorecard.md ({(time.time() - started) / 60:.1f} min)")
+    print((out / "scorecard.md").read_text().split("\n\n")[1])
+    return scores
+
+
+def run_case(case, tools: list, repeat: int, folder: Path, evidence: Path) -> list:
+    """One run watched by every tool that can run here; a score per tool. What a person
+    checks a score against (the launcher's timestamped output, torchfrtrace's analysis, the
+    reports) is kept under ``evidence``; the rest (a phase's 200 MB file) is not."""
+    absent = {t.name: why for t in tools if (why := available(t) or _needs(case))}
+    launch = runs.prepare(case, folder, UPLOAD.url())
+    for tool in tools:
+        if tool.name not in absent:
+            tool.prepare(case, launch)
+    if len(absent) == len(tools):
+        return [scorecard.Score(case.name, t.name, repeat, case.label.healthy, empty=absent[t.name])
+                for t in tools]  # fmt: skip
+    run = runs.run(case, launch, folder, case.limit + GRACE_S)
+    scores = [
+        scorecard.Score(case.name, t.name, repeat, case.label.healthy, empty=absent[t.name])
+        if t.name in absent else scorecard.score(case, run, t.name, repeat, t.signal(run), GRACE_S)
+        for t in tools
+    ]  # fmt: skip
+    keep = evidence / folder.name
+    keep.mkdir(parents=True, exist_ok=True)
+    for path in [
+        *folder.glob("*.log"),
+        *folder.glob("*.txt"),
+        *folder.glob("*/*/incidents/*/report.md"),
+    ]:
+        shutil.copy(path, keep / path.name)
+    shutil.rmtree(folder, ignore_errors=True)
+    return scores
+
+
+def _needs(case) -> str:
+    """Why this machine cannot run the case ('' when it can)."""
+    if "slurm" in case.needs and not shutil.which("sbatch"):
+        return "needs a Slurm cluster"
+    return ""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.hangbench",
+                                     description=__doc__.splitlines()[0])  # fmt: skip
+    parser.add_argument("--only", default="", help="comma-separated parts of case names")
+    parser.add_argument("--tool", default="", help="comma-separated tool names (default: all)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each case (default 1)")
+    parser.add_argument("--out", type=Path, default=Path("hangbench-results"),
+                        help="where the scorecard goes (default hangbench-results/)")  # fmt: skip
+    parser.add_argument("--list", action="store_true", help="list the cases and their labels")
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

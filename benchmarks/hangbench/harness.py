@@ -1,0 +1,117 @@
+"""What runs on every rank of a HangBench case: the case's own program, with the few lines each
+peer asks its users to add, added here once so that no case program knows about any tool.
+
+- PyTorch's collective timeout, set to the benchmark's limit (``HANGBENCH_COLLECTIVE_TIMEOUT``):
+  ``init_process_group(timeout=...)``, as a user sets it.
+- The Flight Recorder on, and NCCL's ``TORCH_NCCL_DUMP_ON_TIMEOUT`` emulated for gloo (which
+  has none): a rank dumps its record (``<HANGBENCH_FR_DIR>/rank_<r>``, the pickle
+  ``torchfrtrace`` reads) when a collective raises and when torchrun ends it.
+- nvidia-resiliency-ext's heartbeat once a step, after each optimizer step, when the rank runs
+  under ``ft_launcher``; its timeouts learned (``calculate_and_set_hb_timeouts``) after
+  ``HANGBENCH_FT_LEARN_AFTER`` steps.
+- A timestamped line when a collective raises (``HANGBENCH torch_error``): the moment the
+  timeout fired, for the scorecard.
+
+Run as the entrypoint, with ``HANGBENCH_PROGRAM`` naming the case's program and its arguments
+passed through.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import os
+import runpy
+import signal
+import sys
+import time
+
+os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+
+def main() -> None:
+    program = os.environ["HANGBENCH_PROGRAM"]
+    limit = os.environ.get("HANGBENCH_COLLECTIVE_TIMEOUT")
+    if limit:
+        set_collective_timeout(float(limit))
+    if os.environ.get("FT_RANK_MONITOR_IPC_SOCKET"):
+        beat_every_step(int(os.environ.get("HANGBENCH_FT_LEARN_AFTER", "5")))
+    before = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, functools.partial(_dump_and_exit, before))
+    sys.argv = [program, *sys.argv[1:]]
+    sys.path.insert(0, os.path.dirname(program))
+    try:
+        runpy.run_path(program, run_name="__main__")
+    except Exception as error:
+        say("torch_error", f"{type(error).__name__}: {str(error).splitlines()[0][:300]}")
+        dump_flight_record()
+        raise
+
+
+def set_collective_timeout(seconds: float) -> None:
+    """Every process group the program makes gets the benchmark's limit as its timeout: the
+    default group and each ``new_group`` (which does not inherit it)."""
+    for name in ("init_process_group", "new_group"):
+        original = getattr(dist, name)
+
+        def with_timeout(*args: object, _original=original, **kwargs: object) -> object:  # noqa: ANN001
+            kwargs["timeout"] = datetime.timedelta(seconds=seconds)
+            return _original(*args, **kwargs)
+
+        setattr(dist, name, functools.wraps(original)(with_timeout))
+
+
+def beat_every_step(learn_after: int) -> None:
+    """nvidia-resiliency-ext's documented calls: a heartbeat per step, timeouts learned later."""
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    client = RankMonitorClient()
+    steps = [0]
+
+    def beat(*_: object) -> None:
+        if not client.is_initialized:
+            client.init_workload_monitoring()
+        client.send_heartbeat()
+        steps[0] += 1
+        if steps[0] == learn_after:
+            learned = client.calculate_and_set_hb_timeouts(skip_if_not_ready=True)
+            say("ft_learned", f"{learned} {client.hb_timeouts}")
+
+    register_optimizer_step_post_hook(beat)
+
+
+def dump_flight_record() -> None:
+    """This rank's Flight Recorder, where ``torchfrtrace`` reads it; once."""
+    folder = os.environ.get("HANGBENCH_FR_DIR")
+    if not folder or not dist.is_initialized():
+        return
+    path = os.path.join(folder, f"rank_{dist.get_rank()}")
+    if os.path.exists(path):
+        return
+    os.makedirs(folder, exist_ok=True)
+    data = torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False)
+    with open(path + ".tmp", "wb") as fh:
+        fh.write(data)
+    os.replace(path + ".tmp", path)
+
+
+def _dump_and_exit(before: object, signum: int, frame: object) -> None:
+    """torchrun ends the rank: its record first, then whatever handled SIGTERM before."""
+    dump_flight_record()
+    if callable(before):
+        before(signum, frame)
+    sys.exit(128 + signum)
+
+
+def say(event: str, text: str) -> None:
+    """One line the runner reads: ``HANGBENCH <event> rank=<r> at=<unix time> <text>``."""
+    rank = os.environ.get("RANK", "?")
+    print(f"HANGBENCH {event} rank={rank} at={time.time():.3f} {text}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()

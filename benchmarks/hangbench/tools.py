@@ -1,0 +1,182 @@
+"""The tools HangBench scores, each as its users run it: what it adds to a run before it starts
+(``prepare``) and the first signal it gave, read from what the run left (``signal``).
+
+A tool names a kind and culprit ranks where it can; a peer that names nothing says so with an
+empty kind. Add a tool by writing a class with ``name``, ``needs``, ``prepare`` and ``signal``
+and listing it in ``TOOLS`` (docs/hangbench.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench_diagnose import CULPRIT, fill_pg_config, torchfrtrace  # noqa: E402
+from cases import REPO, Case
+from runs import Launch, Run
+
+PEERS = REPO / ".hangbench-peers"  # nvidia-resiliency-ext, installed by scripts/setup.sh --peers
+FT_PYTHON = Path(__file__).resolve().parent / "ft_python"
+FT_LEARN_AFTER = 5  # steps of heartbeats before ft learns its timeouts
+TORCH_ERROR = re.compile(r"HANGBENCH torch_error rank=(\d+) at=([\d.]+) (.*)")
+ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+) \(local_rank")
+FT_FIRED = re.compile(
+    r"\[RankMonServer\d+@[^\]]*:(\d+)\] Did not get (?:initial|subsequent) heartbeat"
+)
+
+
+@dataclass(frozen=True)
+class Signal:
+    """A tool's first word that something is wrong."""
+
+    at: float
+    kind: str = ""
+    culprits: tuple[int, ...] = ()
+    detail: str = ""
+
+
+class AreaLWatchdog:
+    """areal-watchdog at its shipped defaults (which docs/how-it-works.md recommends), posting to
+    a signed webhook: the first report posted is its signal."""
+
+    name = "areal-watchdog"
+    needs = ""
+
+    def __init__(self, receiver) -> None:  # noqa: ANN001 (tests/receiver.py's Receiver)
+        self.receiver = receiver
+
+    def prepare(self, case: Case, launch: Launch) -> None:
+        launch.args.append("--watchdog")
+        launch.config["watchdog"] = {"notify": [
+            {"type": "webhook", "url_env": "BENCH_HOOK_URL", "secret_env": "BENCH_HOOK_SECRET"}
+        ]}  # fmt: skip
+
+    def signal(self, run: Run) -> Signal | None:
+        for request in self.receiver.requests:
+            posted = request.json()
+            if posted["job"].get("trial_name") != run.case.trial or request.wall < run.started:
+                continue
+            verdict = posted["verdict"]
+            cause = _report(run, posted["incident_id"]).get("cause")  # not in the webhook's body
+            kinds = "/".join(k for k in (verdict["category"], cause) if k)
+            ranks = tuple(verdict.get("culprit_ranks") or ())
+            return Signal(request.wall, kinds, ranks, verdict.get("summary", "")[:160])
+        return None
+
+
+def _report(run: Run, incident_id: str) -> dict:
+    path = run.run_dir / "incidents" / incident_id / "report.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+class TorchTimeout:
+    """No watchdog: PyTorch's collective timeout set to the benchmark's limit, and torchrun's
+    exit. The error names no culprit; torchrun's summary names the first rank that failed."""
+
+    name = "torch-timeout"
+    needs = ""
+
+    def prepare(self, case: Case, launch: Launch) -> None:
+        launch.env["HANGBENCH_COLLECTIVE_TIMEOUT"] = f"{case.limit:g}"
+
+    def signal(self, run: Run) -> Signal | None:
+        errors = sorted(
+            (float(m.group(2)), m.group(3))
+            for log in run.rank_logs()
+            for m in TORCH_ERROR.finditer(log.read_text(errors="replace"))
+        )
+        failed = [(at, line) for at, line in run.lines if "ChildFailedError" in line]
+        first = min([*errors, *failed], default=None)
+        if first is None:
+            return None
+        text = "\n".join(line for _, line in run.lines)
+        root = ROOT_CAUSE.search(text.split("Root Cause", 1)[-1]) if "Root Cause" in text else None
+        culprits = (int(root.group(1)),) if root else ()
+        return Signal(first[0], "", culprits, first[1][:160])
+
+
+class FlightRecorderTrace:
+    """PyTorch's Flight Recorder analyser, ``torchfrtrace``, on the dumps every rank wrote when
+    its collective timed out or torchrun ended it (NCCL's dump on timeout, emulated on gloo by
+    the harness). gloo's dumps carry no ``pg_config`` and torchfrtrace dies on them
+    (``KeyError``), so it is filled from the entries first, as NCCL writes it
+    (``benchmarks/bench_diagnose.py``). Its signal is when the dumps were complete; it names the
+    ranks of its first finding, and a mismatch where that finding is one."""
+
+    name = "torchfrtrace"
+    needs = ""
+
+    def prepare(self, case: Case, launch: Launch) -> None:
+        pass  # the harness dumps to HANGBENCH_FR_DIR on every run
+
+    def signal(self, run: Run) -> Signal | None:
+        folder = run.folder / "flight_recorder"
+        dumps = sorted(folder.glob("rank_*"))
+        if not dumps:
+            return None
+        filled = run.folder / "flight_recorder_filled"
+        fill_pg_config(folder, filled, "rank_")
+        out = subprocess.run([*torchfrtrace(), str(filled), "-p", "rank_"],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        report = out.stdout + out.stderr
+        (run.folder / "torchfrtrace.txt").write_text(report)
+        kind, culprits = read_frtrace(report)
+        return Signal(max(p.stat().st_mtime for p in dumps), kind, culprits, _first_line(report))
+
+
+def read_frtrace(report: str) -> tuple[str, tuple[int, ...]]:
+    """The kind and ranks of ``torchfrtrace``'s first finding: a mismatch of collectives (type,
+    size, state) names ``collective_mismatch``; ranks missing from a collective name no kind."""
+    for block in re.split(r"\n(?=Collective sequence number|Not all ranks joining)", report):
+        ranks = {int(a) for a, _ in CULPRIT.findall(block) if a}
+        ranks |= {int(r) for _, b in CULPRIT.findall(block) if b for r in b.split(",")}
+        if ranks:
+            mismatch = re.search(r"mismatch", block, re.I)
+            return ("collective_mismatch" if mismatch else ""), tuple(sorted(ranks))
+    return "", ()
+
+
+def _first_line(report: str) -> str:
+    lines = [line.strip() for line in report.splitlines() if line.strip()]
+    hits = [line for line in lines if "Culprit" in line or "missing" in line or "Error" in line]
+    return (hits or lines or ["(no output)"])[0][:160]
+
+
+class FaultTolerance:
+    """nvidia-resiliency-ext's ``ft_launcher`` (0.4.1) in torchrun's place, a heartbeat after each
+    optimizer step, its documented timeouts (first heartbeat 1 h, later ones 45 min, checked
+    every 5 s) until it learns its own after ``FT_LEARN_AFTER`` steps. Its action is made a
+    harmless SIGCONT so that it cannot end the shared run before the others signal."""
+
+    name = "ft_launcher"
+    needs = "nvidia-resiliency-ext (bash scripts/setup.sh --peers)"
+
+    def prepare(self, case: Case, launch: Launch) -> None:
+        launch.config["launch"]["python"] = str(FT_PYTHON)
+        path = os.pathsep.join(p for p in (str(PEERS), os.environ.get("PYTHONPATH")) if p)
+        launch.env.update({
+            "HANGBENCH_PYTHON": sys.executable, "PYTHONPATH": path,
+            "HANGBENCH_FT_LEARN_AFTER": str(FT_LEARN_AFTER),
+            "HANGBENCH_FT_ARGS": "--ft-rank-termination-signal SIGCONT --max-restarts 0",
+        })  # fmt: skip
+
+    def signal(self, run: Run) -> Signal | None:
+        fired = [(at, int(m.group(1)), line) for at, line in run.lines
+                 if (m := FT_FIRED.search(line))]  # fmt: skip
+        if not fired:
+            return None
+        first = fired[0][0]
+        ranks = tuple(sorted({rank for at, rank, _ in fired if at - first < 1.0}))
+        return Signal(first, "", ranks, fired[0][2][:160])
+
+
+def available(tool: object) -> str:
+    """Why a tool cannot run here ('' when it can)."""
+    if isinstance(tool, FaultTolerance) and not (PEERS / "nvidia_resiliency_ext").is_dir():
+        return f"not installed: {tool.needs}"
+    return ""

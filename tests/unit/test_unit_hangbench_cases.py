@@ -1,0 +1,69 @@
+"""HangBench's cases hold their format: every case.yaml has a label the runner reads, names a
+program that exists and a kind the watchdog knows, and a third of the cases are healthy."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "hangbench"))
+
+from cases import CaseError, load_case, load_cases  # noqa: E402
+
+from areal_watchdog.diagnose.kinds import CATEGORIES, CAUSES
+
+KINDS = {k.name for k in (*CATEGORIES, *CAUSES)}
+
+
+def test_every_case_has_a_label_the_runner_reads() -> None:
+    cases = load_cases()
+    assert len(cases) >= 30 and 3 * sum(c.label.healthy for c in cases) >= len(cases)
+    for case in cases:
+        assert case.program.is_file(), case.name
+        if case.label.healthy:
+            continue
+        assert case.label.kind in KINDS, case.name
+        world = case.config["launch"]["nproc_per_node"]
+        assert all(0 <= r < world for r in case.label.culprit_ranks), case.name
+        settings = case.config.get("demo") or case.config.get("scenario") or {}
+        assert case.label.after_step <= int(settings.get("steps", 10**6)), case.name
+
+
+def test_the_cases_place_every_torchrun_hang_early_and_late() -> None:
+    """Every kind the gloo demo can hang in, at step 2-4 and after the warm-up."""
+    hangs = [c for c in load_cases() if not c.label.healthy]
+    early = {c.label.kind for c in hangs if 1 <= c.label.after_step <= 3}
+    late = {c.label.kind for c in hangs if c.label.after_step >= 5}
+    demo = {"collective_mismatch", "collective_stuck", "cleanup_deadlock", "straggler",
+            "dataloader_stall", "p2p_mismatch", "rank_crashed"}  # fmt: skip
+    assert demo <= early and demo <= late
+    assert "init_deadlock" in {c.label.kind for c in hangs}
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("title: t\nbase: examples/hang_demo/config.yaml\n", "label must be a mapping"),
+        ("title: t\nbase: nowhere.yaml\nlabel: {healthy: true}\n", "base: "),
+        ("base: examples/hang_demo/config.yaml\nlabel: {healthy: true}\n", "title is missing"),
+        (
+            "title: t\nbase: examples/hang_demo/config.yaml\nlabel: {healthy: false, kind: x}\n",
+            "label.culprit_ranks is missing",
+        ),
+        (
+            "title: t\nbase: examples/hang_demo/config.yaml\nneeds: [gpus]\n"
+            "label: {healthy: true}\n",
+            "needs: ['gpus'] unknown",
+        ),
+    ],
+)
+def test_a_broken_case_fails_in_one_line_naming_file_and_key(
+    tmp_path: Path, body: str, message: str
+) -> None:
+    (tmp_path / "case.yaml").write_text(body)
+    with pytest.raises(CaseError) as error:
+        load_case(tmp_path)
+    assert message in str(error.value) and str(tmp_path / "case.yaml") in str(error.value)
+    assert "\n" not in str(error.value)
