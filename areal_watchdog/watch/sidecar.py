@@ -240,9 +240,12 @@ class Sidecar(JobEnd, Leader, ProgressWatch, StatusPublisher):
         self.remember(now)
         # The sensor reads a silence no look and no threshold took over yet: the leader each
         # poll, a follower when its status (which carries the reading) is due, so a follower's
-        # file operations stay within its budget at 1,024 nodes (tests/test_scale_sidecars.py)
+        # file operations stay within its budget at 1,024 nodes (tests/test_scale_sidecars.py).
+        # Not after the last step: ranks waiting in the closing barrier for rank 0's final save
+        # are the teardown, a hang only after teardown_timeout.
         clock = self.clock
         sensing = clock.first_step_at and self.incidents.case is None and not clock.stalled(now)
+        sensing = sensing and not clock.tearing_down
         sensing = sensing and (leading or due)
         self.in_flight.poll(
             now, clock.silent_for(now) if sensing else None, clock.stats["median"], self.watch

@@ -99,6 +99,8 @@ def run_case(case, tools: list, repeat: int, folder: Path, evidence: Path) -> li
         return [scorecard.Score(case.name, t.name, repeat, case.label.healthy, empty=absent[t.name])
                 for t in tools]  # fmt: skip
     run = runs.run(case, launch, folder, case.limit + GRACE_S)
+    if doubt := runs.label_doubt(run):
+        print(f"  {case.name}: {doubt}", flush=True)
     scores = [
         scorecard.Score(case.name, t.name, repeat, case.label.healthy, empty=absent[t.name])
         if t.name in absent else scorecard.score(case, run, t.name, repeat, t.signal(run), GRACE_S)

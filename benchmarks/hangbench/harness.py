@@ -33,6 +33,7 @@ import torch.distributed as dist  # noqa: E402
 
 
 def main() -> None:
+    say("started", "")  # a hang before the first step counts from here
     program = os.environ["HANGBENCH_PROGRAM"]
     limit = os.environ.get("HANGBENCH_COLLECTIVE_TIMEOUT")
     if limit:
@@ -48,6 +49,7 @@ def main() -> None:
     except Exception as error:
         say("torch_error", f"{type(error).__name__}: {str(error).splitlines()[0][:300]}")
         dump_flight_record()
+        mark_failed()
         raise
 
 
@@ -97,6 +99,15 @@ def dump_flight_record() -> None:
     with open(path + ".tmp", "wb") as fh:
         fh.write(data)
     os.replace(path + ".tmp", path)
+
+
+def mark_failed() -> None:
+    """A file per rank that raised, for the ft_launcher shim (``ft_python``): ft_launcher 0.4.1
+    exits 0 when its agent ends UNHEALTHY rather than FAILED, torchrun exits 1."""
+    folder = os.environ.get("HANGBENCH_FAILED_DIR")
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+        open(os.path.join(folder, f"rank_{os.environ.get('RANK', '?')}"), "w").close()
 
 
 def _dump_and_exit(before: object, signum: int, frame: object) -> None:

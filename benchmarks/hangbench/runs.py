@@ -21,6 +21,7 @@ from cases import REPO, Case
 
 HARNESS = Path(__file__).resolve().parent / "harness.py"
 STEP_LINE = re.compile(r"Train step (\d+)/")
+STARTED = re.compile(r"HANGBENCH started rank=\S+ at=([\d.]+)")
 STEP_STAMP = re.compile(r"\(AReaL\) (\d{8}-\d\d:\d\d:\d\d\.\d{3}) ")
 HEALTHY_LIMIT = 150.0  # a healthy case that has not ended by then is ended
 
@@ -47,9 +48,12 @@ class Run:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def step_at(self, step: int) -> float | None:
-        """When the step's line was printed: its own timestamp, else when it arrived."""
+        """When the step's line was printed: its own timestamp, else when it arrived; step 0 is
+        when the first rank started (the launch, where no rank said so)."""
         if step == 0:
-            return self.started
+            starts = [float(m.group(1)) for log in self.rank_logs()
+                      for m in STARTED.finditer(log.read_text(errors="replace"))]  # fmt: skip
+            return min(starts, default=self.started)
         for arrived, line in self.lines:
             match = STEP_LINE.search(line)
             if match and int(match.group(1)) == step:
@@ -63,6 +67,21 @@ class Run:
         return sorted(self.run_dir.glob("**/attempt_*/*/stderr.log"))
 
 
+def label_doubt(run: Run) -> str:
+    """Where the run contradicts its label's step: a hang whose last good step never printed,
+    or a step printed after it ('' when it agrees)."""
+    label = run.case.label
+    if label.healthy or label.after_step == 0:
+        return ""
+    printed = {int(m.group(1)) for _, line in run.lines if (m := STEP_LINE.search(line))}
+    if label.after_step not in printed:
+        last = max(printed, default=0)
+        return f"label doubt: step {label.after_step} was never printed (last: {last})"
+    if later := sorted(s for s in printed if s > label.after_step):
+        return f"label doubt: step {later[-1]} was printed after the hang's step {label.after_step}"
+    return ""
+
+
 def prepare(case: Case, folder: Path, upload_url: str) -> Launch:
     """The case's config, its entrypoint the harness (which runs the case's program), with
     ``{case}`` (its folder) and ``{upload_url}`` (the benchmark's slow endpoint) filled in."""
@@ -72,7 +91,9 @@ def prepare(case: Case, folder: Path, upload_url: str) -> Launch:
     launch["env"] = {**(launch.get("env") or {}), "HANGBENCH_PROGRAM": str(case.program)}
     config["launch"] = launch
     config.setdefault("watchdog", {})
-    return Launch(config=config, env={"HANGBENCH_FR_DIR": str(folder / "flight_recorder")})
+    env = {"HANGBENCH_FR_DIR": str(folder / "flight_recorder"),
+           "HANGBENCH_FAILED_DIR": str(folder / "failed")}  # fmt: skip
+    return Launch(config=config, env=env)
 
 
 def _fill(value: Any, names: dict[str, str]) -> Any:

@@ -131,11 +131,15 @@ def busy_reward_model() -> None:
 
 
 def freeze_soon(delay: float) -> None:
-    """Stop this whole process a moment from now, while the main thread sits in a collective."""
+    """Stop this whole process a moment from now, while the main thread sits in a collective,
+    and again at once whenever something continues it (nvidia-resiliency-ext's rank monitor
+    sends SIGCONT before its termination signal): a rank stuck for good."""
 
     def stop() -> None:
         time.sleep(delay)
-        os.kill(os.getpid(), signal.SIGSTOP)
+        while True:
+            os.kill(os.getpid(), signal.SIGSTOP)
+            time.sleep(0.05)
 
     threading.Thread(target=stop, daemon=True).start()
 

@@ -178,7 +178,7 @@ def start_server(port: int, cfg: dict) -> subprocess.Popen:
     else:
         argv = [sys.executable, str(STANDIN), "--port", str(port)]
         if cfg["hang"] == "inference_wedged":
-            argv += ["--wedge-after", "12"]
+            argv += ["--wedge-after", str(4 * int(cfg["hang_step"]))]  # 12 at step 3
     server = subprocess.Popen(argv, env=env)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and server.poll() is None:
