@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ from areal_watchdog.common.ports import free_port
 from conftest import REPO, Launcher, read_reports
 
 RULES = REPO / "monitoring" / "areal-watchdog.rules.yml"
+DASHBOARD = REPO / "monitoring" / "areal-watchdog-dashboard.json"
 INSTALL = "apt-get install prometheus prometheus-node-exporter (Debian's packages)"
 PROMETHEUS, PROMTOOL = shutil.which("prometheus"), shutil.which("promtool")
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
@@ -59,6 +61,15 @@ class Prometheus:
         query = urllib.parse.urlencode({"query": expr})
         result = json.loads(_get(f"http://{self.address}/api/v1/query?{query}"))["data"]["result"]
         return float(result[0]["value"][1]) if result else None
+
+    def error(self, expr: str) -> str | None:
+        """Prometheus' own word on an expression: None where it evaluates."""
+        query = urllib.parse.urlencode({"query": expr})
+        try:
+            urllib.request.urlopen(f"http://{self.address}/api/v1/query?{query}", timeout=5)
+        except urllib.error.HTTPError as exc:
+            return exc.read().decode()
+        return None
 
     def firing(self, name: str) -> dict | None:
         alerts = json.loads(_get(f"http://{self.address}/api/v1/alerts"))["data"]["alerts"]
@@ -123,11 +134,21 @@ def test_a_real_hang_seen_through_prometheus_both_ways(launcher: Launcher, watch
         assert prometheus.value(f"sum({name}{TEXTFILE})") == prometheus.value(
             f"sum({name}{ENDPOINT})"
         ), name
+    # Every panel of the shipped dashboard is a query this Prometheus evaluates, with data.
+    for expr in dashboard_queries():
+        assert prometheus.error(expr) is None, expr
     # The job's end takes both back: no file_sd target, no textfile.
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=90)
     assert list(file_sd.iterdir()) == [] and list(textfiles.iterdir()) == []
     assert list((run_dir / "watchdog" / "metrics").iterdir()) == []
+
+
+def dashboard_queries() -> list[str]:
+    """Every panel's query, its variables set to 'all'."""
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    exprs = [t["expr"] for p in panels for t in p["targets"]]
+    return [e.replace("$experiment", ".*").replace("$trial", ".*") for e in exprs]
 
 
 def _get(url: str) -> bytes | None:

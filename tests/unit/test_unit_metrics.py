@@ -4,6 +4,7 @@ labelled by job and node, the job's only from the leader, the textfile and the e
 from __future__ import annotations
 
 import json
+import re
 import stat
 import urllib.request
 from pathlib import Path
@@ -120,3 +121,17 @@ def test_the_endpoint_listens_on_loopback_and_its_record_is_a_file_sd_target(
         assert read_endpoints(layout, "run1") == [] and list(shared.iterdir()) == []
     finally:
         endpoint.close()
+
+
+def test_the_shipped_rules_and_dashboard_read_only_metrics_we_export() -> None:
+    """A renamed metric would leave an alert that never fires and a panel that stays empty."""
+    repo = Path(__file__).resolve().parents[2] / "monitoring"
+    snap = leader_snapshot()
+    snap.node.status_written_at = 1000.0
+    exported = {f.name for f in families(snap, 2000.0)}
+    exported.add("areal_watchdog_node")  # the label every file_sd target carries
+    exported |= {f"{n}_{s}" for n in exported for s in ("bucket", "sum", "count")}
+    exported |= {n.removesuffix("_total") for n in exported}
+    for name in ("areal-watchdog.rules.yml", "areal-watchdog-dashboard.json"):
+        used = set(re.findall(r"areal_watchdog_[a-z_]+", (repo / name).read_text()))
+        assert used and used <= exported, (name, used - exported)
