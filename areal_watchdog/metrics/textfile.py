@@ -11,13 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from areal_watchdog.common.atomic import write_text_atomic
-
-READABLE = 0o644  # node_exporter runs as a user of its own
+from areal_watchdog.rundir.metrics_endpoint import READABLE, node_file_stem
 
 
 def textfile_path(directory: str, run_id: str, node: str) -> Path:
-    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in f"{run_id}_{node}")
-    return Path(directory) / f"areal_watchdog_{safe}.prom"
+    return Path(directory) / f"{node_file_stem(run_id, node)}.prom"
 
 
 def write_textfile(path: Path, text: bytes) -> None:

@@ -15,7 +15,14 @@ from pathlib import Path
 from areal_watchdog.common.atomic import read_json, write_json_atomic
 from areal_watchdog.rundir.layout import RunLayout
 
-READABLE = 0o644  # Prometheus reads it as a user of its own
+READABLE = 0o644  # Prometheus and node_exporter read these files as users of their own
+
+
+def node_file_stem(run_id: str, node: str) -> str:
+    """``areal_watchdog_<run id>_<node>``, safe as a file name: the name of one sidecar's files
+    in a directory that every job shares (file_sd targets, node_exporter's textfiles)."""
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in f"{run_id}_{node}")
+    return f"areal_watchdog_{safe}"
 
 
 @dataclass(frozen=True)
@@ -41,10 +48,7 @@ def endpoint_files(layout: RunLayout, endpoint: MetricsEndpoint, shared: str | N
     own = [layout.metrics_dir / f"{endpoint.node}.json"]
     if not shared:
         return own
-    name = "".join(
-        c if c.isalnum() or c in "-_" else "_" for c in f"{endpoint.run_id}_{endpoint.node}"
-    )
-    return [*own, Path(shared) / f"areal_watchdog_{name}.json"]
+    return [*own, Path(shared) / f"{node_file_stem(endpoint.run_id, endpoint.node)}.json"]
 
 
 def write_endpoint(layout: RunLayout, endpoint: MetricsEndpoint, shared: str | None = None) -> None:

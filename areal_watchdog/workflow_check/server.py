@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from areal_watchdog.common.atomic import open_append
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.http import server_address
 from areal_watchdog.common.parent import die_with_parent
+from areal_watchdog.common.ports import free_port
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.evidence.servers import probe
 
@@ -72,7 +72,7 @@ def vllm_command(config: JobConfig, python: str, port: int, extra: list[str]) ->
 @contextlib.contextmanager
 def started_vllm(config: JobConfig, python: str, extra: list[str], log: Path) -> Iterator[Server]:
     """A vLLM server of the config's model, up before the check and ended after it."""
-    port = _free_port()
+    port = free_port()
     argv = vllm_command(config, python, port, extra)
     print(f"[check-workflow] starting vLLM for {argv[4]} on 127.0.0.1:{port} (log: {log})")
     with open_append(log) as out:
@@ -107,9 +107,3 @@ def _wait_up(server: subprocess.Popen[bytes], address: str, log: Path) -> None:
 def last_line(log: Path) -> str:
     lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
     return lines[-1].strip()[:300] if lines else "no output"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
