@@ -479,6 +479,7 @@ def test_a_transient_hang_resumes_in_the_same_allocation_when_the_config_says_so
         "same", "watchdog.on_hang=resume", "+watchdog.resume.backoff=0",
         "+watchdog.resume.allocation=same", "demo.hang=collective_stuck", "demo.hang_rank=3",
         "+demo.hang_once=true", f"+demo.checkpoint={checkpoint}", "+demo.record=true",
+        "watchdog.stall_timeout=6",  # the replay's cold first step, beside two AReaL jobs in CI
     )  # fmt: skip
     job_id = runs.job_id("same")
     run_dir = runs.root / "slurm-test" / "same"
@@ -490,7 +491,10 @@ def test_a_transient_hang_resumes_in_the_same_allocation_when_the_config_says_so
     recovery = report["recovery"]
     assert recovery["allocation"] == f"same (job {job_id})" and recovery["nodes_excluded"] == []
     (replayed,) = recovery["replays"]
-    assert (replayed["hung"], replayed["exit_code"]) == (False, 0), recovery
+    replay_log = Path(replayed["run_dir"]) / "areal-launch.log"
+    assert (replayed["hung"], replayed["exit_code"]) == (False, 0), (
+        recovery["reason"] + "\n" + replay_log.read_text(errors="replace")
+    )
     watched = [p.stem for p in (Path(replayed["run_dir"]) / "watchdog" / "status").glob("*.json")]
     assert watched == [first], watched
     assert f"replaying step 3 (the whole batch) on a node of job {job_id}'s allocation" in output
