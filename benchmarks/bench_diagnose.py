@@ -41,6 +41,7 @@ HEADER = (
     "same, other file first",
     "ok",
 )
+DEFAULT_PG = ("0", "default_pg")  # the default process group, as the Flight Recorder names it
 CULPRIT = re.compile(r"Culprit rank (\d+)|missing ranks: \{([\d, ]+)\}")
 
 
@@ -90,13 +91,17 @@ def run_torchfrtrace(directory: Path, prefix: str) -> tuple[list[int] | str, flo
     return [], elapsed
 
 
-def fill_pg_config(source: Path, target: Path, prefix: str) -> None:
-    """Copy the pickles under ``<prefix><rank>`` with ``pg_config`` rebuilt from the entries."""
+def fill_pg_config(source: Path, target: Path, prefix: str, world_size: int | None = None) -> None:
+    """Copy the pickles under ``<prefix><rank>`` with ``pg_config`` rebuilt from the entries;
+    the default group has every rank of ``world_size`` where it is given (some ranks may have
+    written no dump)."""
     dumps = {int(f.name.rsplit("_", 1)[1]): pickle.loads(f.read_bytes()) for f in source.iterdir()}
     members: dict[tuple[str, str], set[int]] = {}
     for rank, dump in dumps.items():
         for entry in dump["entries"]:
             members.setdefault(tuple(entry["process_group"]), set()).add(rank)
+    if world_size and DEFAULT_PG in members:
+        members[DEFAULT_PG] = set(range(world_size))
     config = {
         name: {"name": name, "desc": desc, "ranks": str(sorted(ranks))}
         for (name, desc), ranks in members.items()

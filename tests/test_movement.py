@@ -205,3 +205,20 @@ def test_a_rank_uploading_over_tcp_between_the_looks_is_busy_not_hung() -> None:
     for process in second.processes():  # a stalled upload: nothing acknowledged since
         process.counters["tcp_bytes"] = 576001 if process.pid == pid else 0
     assert moved(marks(first, 3), marks(second, 3)) == []
+
+
+def test_a_rank_seen_in_two_functions_among_one_looks_samples_moves() -> None:
+    """A slow node's evaluation, sampled three times a look: the same function at both looks'
+    first samples (a forward pass), a scoring loop in a later one of the first look: it moves,
+    while a straggler's three samples in its one loop at each look do not."""
+    evidence, pid = straggler()
+    (culprit,) = [r for r in evidence.ranks if r.pid == pid]
+    spinning = [copy.deepcopy(culprit.threads), copy.deepcopy(culprit.threads)]
+    first, second = with_io(evidence, pid, [0.0] * 3), with_io(evidence, pid, [0.0] * 6)
+    for look in (first, second):
+        (rank,) = [r for r in look.ranks if r.pid == pid]
+        rank.samples = copy.deepcopy(spinning)
+    assert moved(marks(first, 3), marks(second, 3)) == []
+    (rank,) = [r for r in first.ranks if r.pid == pid]
+    rank.samples[1][0].frames.insert(0, Frame("score_answers", "/job/phases.py", 98))
+    assert moved(marks(first, 3), marks(second, 3)) == [f"the stacks of pid {pid} changed"]

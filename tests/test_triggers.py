@@ -139,8 +139,8 @@ def test_nodes_that_fall_silent_while_the_job_is_cancelled_are_not_lost() -> Non
 def test_a_retry_loop_moves_its_stacks_without_progress() -> None:
     """Episodes rejected and resubmitted change every stack between the two looks; only a new
     step says the job moved (a run caught 'stacks changed: not cancelling' and ran forever)."""
-    first = Marks(step=1, functions={7: ("arun_episode", "run_tool")}, completed={}, servers={})
-    second = Marks(step=1, functions={7: ("submit", "put")}, completed={7: 0}, servers={})
+    first = Marks(1, {7: frozenset({("arun_episode", "run_tool")})}, completed={}, servers={})
+    second = Marks(1, {7: frozenset({("submit", "put")})}, completed={7: 0}, servers={})
     assert moved(first, second) == ["the stacks of pid 7 changed"]
     assert moved(first, second, steps_only=True) == []
     assert moved(first, replace(second, step=2), steps_only=True) == ["a new step (2)"]

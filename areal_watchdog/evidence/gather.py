@@ -33,6 +33,8 @@ from areal_watchdog.rundir.layout import RunLayout
 BUSY_CPU = 0.1  # cores busy over the last poll interval above which a rank counts as running
 LOG_TAIL_LINES = 40
 PYSPY_RETRY_DELAY = 0.2  # seconds before py-spy's second try
+RUNNING_SAMPLES = 2  # more dumps of a running rank, so that a look sees whether it moves
+SAMPLE_GAP = 0.15  # seconds between them
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,8 @@ def _stack_for(
         evidence.exit = exit_info(layout, proc, "")
     elif evidence.threads:
         evidence.state = RUNNING if cpu is not None and cpu >= BUSY_CPU else BLOCKED
+        if evidence.state == RUNNING and proc.rank is not None:
+            evidence.samples = _more_samples(proc.pid, settings.timeout)
         if errors and evidence.evidence_method == "faulthandler":
             evidence.error = f"{'; '.join(errors)}; the stacks are the rank's own faulthandler's"
     else:
@@ -169,6 +173,18 @@ def _pyspy_stacks(pid: int, timeout: float, errors: list[str]) -> tuple[list[Thr
             nonblocking = exc.late
             time.sleep(0 if exc.late else PYSPY_RETRY_DELAY)
     return [], False
+
+
+def _more_samples(pid: int, timeout: float) -> list[list[ThreadStack]]:
+    """A running rank's later dumps (those py-spy answers): one sample of a rank that computes
+    shows one function of many, and a second look compares the functions it saw in all of
+    them (``watch.second_look``); a rank spinning in one loop is seen in one place every time."""
+    samples = []
+    for _ in range(RUNNING_SAMPLES):
+        time.sleep(SAMPLE_GAP)
+        with contextlib.suppress(StackError):
+            samples.append(dump_pyspy(pid, timeout))
+    return samples
 
 
 def stack_file(layout: RunLayout, proc: JobProcess) -> Path:

@@ -69,6 +69,7 @@ class RankEvidence:
     state: str = MISSING
     evidence_method: str = "none"  # py-spy | faulthandler | none
     threads: list[ThreadStack] = field(default_factory=list)
+    samples: list[list[ThreadStack]] = field(default_factory=list)  # a running rank's later dumps
     exit: ExitInfo | None = None
     cpu_utilization: float | None = None  # cores busy over the last poll interval (1.0 = one core)
     process_status: str | None = None  # psutil's status at dump time ("stopped": SIGSTOPped)
@@ -127,16 +128,8 @@ class Evidence:
     def rank_from_dict(data: dict[str, Any]) -> RankEvidence:
         """One RankEvidence from its ``asdict`` form (as sent between nodes)."""
         item = dict(data)
-        item["threads"] = [
-            ThreadStack(
-                t.get("name"),
-                [Frame(**f) for f in t["frames"]],
-                t.get("active"),
-                t.get("owns_gil"),
-                t.get("thread_id"),
-            )
-            for t in item.get("threads", [])
-        ]
+        item["threads"] = _threads(item.get("threads", []))
+        item["samples"] = [_threads(sample) for sample in item.get("samples", [])]
         if item.get("exit") is not None:
             item["exit"] = ExitInfo(**item["exit"])
         return RankEvidence(**item)
@@ -177,3 +170,17 @@ def plain(value: Any) -> Any:
     if isinstance(value, list):
         return [plain(v) for v in value]
     return value
+
+
+def _threads(data: list[dict[str, Any]]) -> list[ThreadStack]:
+    """ThreadStacks from their ``asdict`` form."""
+    return [
+        ThreadStack(
+            t.get("name"),
+            [Frame(**f) for f in t["frames"]],
+            t.get("active"),
+            t.get("owns_gil"),
+            t.get("thread_id"),
+        )
+        for t in data
+    ]

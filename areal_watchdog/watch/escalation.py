@@ -182,7 +182,7 @@ class Escalation:
             case.pending, case.due = look, look.at + delay
             self.say(
                 f"{verdict.category} suspected ({culprits}); a second look in {delay:g} s "
-                "before cancelling"
+                "before it is reported"
             )
 
     def warn(self, look: Look) -> None:

@@ -6,7 +6,8 @@ from the first step on, warm-up or not; the look's evidence decides as any look'
 sensor costs no false alarm, only a look.
 
 The few ranks outside the collective are the suspects: one that spins (a runaway reward loop),
-one blocked in its data loader or in a receive that never comes, one stopped. Their CPU is no
+one blocked in its data loader or in a receive that never comes, one stopped; or the ranks of
+one node, when every other node's are in it (a straggling node). Their CPU is no
 movement; real I/O is (a rank-0 checkpoint while the others wait is the usual shape of a
 save), and so is a GPU at work.
 
@@ -134,11 +135,11 @@ def sense_after(median_interval: float | None) -> float:
 def stuck_for(
     readings: list[Reading], world_size: int, now: float, limit: Any
 ) -> tuple[float, str]:
-    """How far past its limit a collective that all but a few ranks (``FEW``) share has been in
-    flight (seconds, negative: not yet), and its operation; ``(-inf, "")`` when the readings do
-    not cover every rank, a rank moves real data or a GPU works, or no collective is shared so
-    widely. A collective that a rank has passed (it has a later one of the same group) has
-    completed. ``limit(op)`` is the operation's limit."""
+    """How far past its limit a collective that all but a few ranks (``FEW``), or all but one
+    node's, share has been in flight (seconds, negative: not yet), and its operation;
+    ``(-inf, "")`` when the readings do not cover every rank, a rank moves real data or a GPU
+    works, or no collective is shared so widely. A collective that a rank has passed (it has a
+    later one of the same group) has completed. ``limit(op)`` is the operation's limit."""
     nothing = (float("-inf"), "")
     answered: dict[int, list[InFlight]] = {}
     covered: set[int] = set()
@@ -149,17 +150,25 @@ def stuck_for(
         covered |= set(reading.ranks) | set(reading.silent)
     if not answered or covered != set(range(world_size)):
         return nothing
-    needed = world_size - max(1, world_size // FEW)
     newest: dict[str, int] = {}
-    members: dict[tuple[str, int], list[InFlight]] = {}
-    for items in answered.values():
+    members: dict[tuple[str, int], dict[int, InFlight]] = {}
+    for rank, items in answered.items():
         for item in items:
             newest[item.pg] = max(newest.get(item.pg, item.seq), item.seq)
-            members.setdefault((item.pg, item.seq), []).append(item)
+            members.setdefault((item.pg, item.seq), {})[rank] = item
+    nodes = [set(r.ranks) | set(r.silent) for r in readings]
     best = nothing
     for (pg, seq), mine in members.items():
-        if len(mine) < max(1, needed) or seq < newest[pg]:
+        if seq < newest[pg] or not _outside_are_few(covered - set(mine), world_size, nodes):
             continue
-        age, op = now - max(i.since for i in mine), mine[0].op
+        age, op = now - max(i.since for i in mine.values()), next(iter(mine.values())).op
         best = max(best, (age - limit(op), op))
     return best
+
+
+def _outside_are_few(outside: set[int], world_size: int, nodes: list[set[int]]) -> bool:
+    """The ranks outside a collective are few (``FEW``), or are of one node while every other
+    node's ranks are in it (a straggling or stopped node)."""
+    if len(outside) <= max(1, world_size // FEW):
+        return True
+    return len(nodes) > 1 and any(outside <= ranks for ranks in nodes)

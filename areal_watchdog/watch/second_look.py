@@ -5,8 +5,10 @@ saturated by other clients) looks like a hang at the first look. Before ``on_han
 the job, the leader looks again a few seconds later and compares:
 
 - a new step (the progress clock moved);
-- a process whose working thread is in another function (bare function names only: a rank that
-  spins in one loop is sampled at different lines of it, and a look that fell back from py-spy
+- a process whose working thread was in more than one function over the two looks (a running
+  rank is sampled three times a look, so that one in a long computation is seen at several of
+  its calls; bare function names only: a rank that spins in one loop is sampled at different
+  lines of it, and a look that fell back from py-spy
   (``Trainer.step``) to faulthandler (``step``) sees the same place; neither moved), above the
   outermost wait it is in: a process polling in a wait (AReaL's Ray launcher in
   ``RayLauncher.wait``, asleep or in ``ray.get`` by turns; a trainer in ``prepare_batch``) is
@@ -34,7 +36,7 @@ reward timeouts scoring 0. Pure: compares plain data taken from two ``Evidence``
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from areal_watchdog.common.rankset import ranks_phrase
@@ -77,7 +79,7 @@ class Marks:
     rank, its GPU."""
 
     step: int | None
-    functions: dict[int, tuple[str, ...]]
+    functions: dict[int, frozenset[tuple[str, ...]]]  # every sample's, of a running rank
     completed: dict[int, int]
     servers: dict[str, ServerWork]
     gpus: dict[int, GpuWork] = field(default_factory=dict)  # rank -> its GPU
@@ -123,7 +125,7 @@ def moved(
     changed = sorted(
         pid
         for pid, functions in second.functions.items()
-        if pid in first.functions and functions != first.functions[pid]
+        if pid in first.functions and len(functions | first.functions[pid]) > 1
     )
     if changed:
         found.append(f"the stacks of pid {', '.join(map(str, changed[:5]))} changed")
@@ -266,9 +268,13 @@ def _work(probe: dict[str, Any]) -> ServerWork:
     )
 
 
-def _functions(process: RankEvidence) -> tuple[str, ...]:
-    """The working thread's functions, outermost wait and out (frames are innermost first)."""
-    thread = work_thread(process)
-    names = [bare(f.name) for f in thread.frames] if thread else []
-    waits = [i for i, name in enumerate(names) if name in WAITS]
-    return tuple(names[waits[-1] :] if waits else names)
+def _functions(process: RankEvidence) -> frozenset[tuple[str, ...]]:
+    """The working thread's functions, outermost wait and out (frames are innermost first), in
+    each of the look's samples of the process."""
+    found = set()
+    for threads in (process.threads, *process.samples):
+        thread = work_thread(replace(process, threads=threads, samples=[]))
+        names = [bare(f.name) for f in thread.frames] if thread else []
+        waits = [i for i, name in enumerate(names) if name in WAITS]
+        found.add(tuple(names[waits[-1] :] if waits else names))
+    return frozenset(found)

@@ -8,8 +8,10 @@ passed since its hang (or until a healthy job ends), so no tool's action hides a
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -112,6 +114,7 @@ def run_case(case, tools: list, repeat: int, folder: Path, evidence: Path) -> li
         *folder.glob("*.log"),
         *folder.glob("*.txt"),
         *folder.glob("*/*/incidents/*/report.md"),
+        *folder.glob("*/*/watchdog/logs/sidecar_*.log"),  # on Slurm (else in output.log)
     ]:
         shutil.copy(path, keep / path.name)
     shutil.rmtree(folder, ignore_errors=True)
@@ -120,9 +123,22 @@ def run_case(case, tools: list, repeat: int, folder: Path, evidence: Path) -> li
 
 def _needs(case) -> str:
     """Why this machine cannot run the case ('' when it can)."""
-    if "slurm" in case.needs and not shutil.which("sbatch"):
-        return "needs a Slurm cluster"
+    if "slurm" in case.needs and not _slurm_up():
+        return "needs a Slurm cluster: bash scripts/slurm-cluster.sh up"
     return ""
+
+
+@functools.cache
+def _slurm_up() -> bool:
+    """Whether a Slurm cluster answers with idle nodes (``SLURM_CONF``, else the one
+    scripts/slurm-cluster.sh brings up)."""
+    env = {**os.environ}
+    env.setdefault("SLURM_CONF", str(runs.SLURM_CONF))
+    if not shutil.which("sinfo") or not Path(env["SLURM_CONF"]).is_file():
+        return False
+    out = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True,
+                         check=False, timeout=60)  # fmt: skip
+    return out.returncode == 0 and "idle" in out.stdout.split()
 
 
 def _parser() -> argparse.ArgumentParser:

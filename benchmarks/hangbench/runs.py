@@ -1,9 +1,12 @@
 """One run of one case: the launch config written, ``areal-launch`` started with what each
-selected tool adds, every output line timestamped as it arrives, and everything ended by its
-process group at the end, whatever happened."""
+selected tool adds (``local``, or ``slurm --wait`` for a case that needs Slurm), every output
+line timestamped as it arrives (on Slurm the nodes' logs too, read as they grow), and
+everything ended at the end, whatever happened: by its process group, and on Slurm by
+``scancel`` (SIGTERM, as torchrun's end is, then Slurm's SIGKILL)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -24,6 +27,7 @@ STEP_LINE = re.compile(r"Train step (\d+)/")
 STARTED = re.compile(r"HANGBENCH started rank=\S+ at=([\d.]+)")
 STEP_STAMP = re.compile(r"\(AReaL\) (\d{8}-\d\d:\d\d:\d\d\.\d{3}) ")
 HEALTHY_LIMIT = 150.0  # a healthy case that has not ended by then is ended
+SLURM_CONF = Path(os.environ.get("AREAL_SLURM_DIR", "/tmp/areal-slurm")) / "slurm.conf"
 
 
 @dataclass
@@ -46,6 +50,7 @@ class Run:
     lines: list[tuple[float, str]]
     returncode: int | None
     extra: dict[str, Any] = field(default_factory=dict)
+    ended: float | None = None  # when the runner ended it (what came later came too late)
 
     def step_at(self, step: int) -> float | None:
         """When the step's line was printed: its own timestamp, else when it arrived; step 0 is
@@ -112,31 +117,43 @@ def run(case: Case, launch: Launch, folder: Path, hang_at_limit: float) -> Run:
     config_path = folder / "config.yaml"
     launch.config["launch"]["env"].update(launch.env)
     config_path.write_text(yaml.safe_dump(launch.config))
-    cmd = [sys.executable, "-m", "areal_watchdog.cli", *launch.args, "local", str(config_path),
+    on_slurm = "slurm" in case.needs
+    backend = ["slurm", "--wait"] if on_slurm else ["local"]
+    cmd = [sys.executable, "-m", "areal_watchdog.cli", *launch.args, *backend, str(config_path),
            f"cluster.fileroot={folder}", f"trial_name={case.trial}"]  # fmt: skip
+    env = {**os.environ, **launch.env}
+    if on_slurm:
+        env.setdefault("SLURM_CONF", str(SLURM_CONF))
     started = time.time()
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-        start_new_session=True, env={**os.environ, **launch.env},
+        start_new_session=True, env=env,
     )  # fmt: skip
     lines: list[tuple[float, str]] = []
     reader = threading.Thread(target=_read, args=(proc, lines), daemon=True)
     reader.start()
     experiment = launch.config.get("experiment_name", "hangbench")
     result = Run(case, folder, folder / experiment / case.trial, started, lines, None)
+    node_logs = NodeLogs(result.run_dir / "watchdog" / "logs" / "submitit") if on_slurm else None
     try:
-        _wait(proc, result, hang_at_limit)
+        _wait(proc, result, hang_at_limit, node_logs)
     finally:
+        result.ended = time.time()
         _end(proc)
+        if on_slurm:
+            _cancel_job(result.run_dir, env)
+            node_logs.read_into(lines)
         reader.join(timeout=10)
     result.returncode = proc.returncode
     (folder / "output.log").write_text("".join(f"{at:.3f} {line}\n" for at, line in lines))
     return result
 
 
-def _wait(proc: subprocess.Popen, result: Run, limit: float) -> None:
+def _wait(proc: subprocess.Popen, result: Run, limit: float, node_logs: NodeLogs | None) -> None:
     label = result.case.label
     while proc.poll() is None:
+        if node_logs is not None:
+            node_logs.read_into(result.lines)
         if label.healthy:
             deadline = result.started + HEALTHY_LIMIT
         else:
@@ -145,6 +162,45 @@ def _wait(proc: subprocess.Popen, result: Run, limit: float) -> None:
         if time.time() > deadline:
             return
         time.sleep(0.2)
+
+
+class NodeLogs:
+    """A Slurm job's node logs (submitit's ``<job>_<node>_log.out``: the ranks' output,
+    torchrun's and ft_launcher's), read on from where the last read ended."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.read: dict[Path, int] = {}
+        self.partial: dict[Path, str] = {}
+
+    def read_into(self, lines: list[tuple[float, str]]) -> None:
+        """Append the complete lines written since the last read, stamped now."""
+        now = time.time()
+        for path in sorted(self.folder.glob("*_log.out")):
+            with path.open("rb") as fh:
+                fh.seek(self.read.get(path, 0))
+                data = fh.read()
+            self.read[path] = self.read.get(path, 0) + len(data)
+            text = self.partial.pop(path, "") + data.decode(errors="replace")
+            *complete, rest = text.split("\n")
+            self.partial[path] = rest
+            lines.extend((now, line) for line in complete)
+
+
+def _cancel_job(run_dir: Path, env: dict[str, str]) -> None:
+    """``scancel`` the run's Slurm job (if it was submitted) and wait until it has left."""
+    record = run_dir / "watchdog" / "slurm_job.json"
+    if not record.is_file():
+        return
+    job_id = json.loads(record.read_text())["job_id"]
+    subprocess.run(["scancel", job_id], env=env, capture_output=True, check=False, timeout=30)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        out = subprocess.run(["squeue", "-h", "-j", job_id], env=env, capture_output=True,
+                             text=True, check=False, timeout=30)  # fmt: skip
+        if not out.stdout.strip():
+            return
+        time.sleep(0.5)
 
 
 def _read(proc: subprocess.Popen, lines: list[tuple[float, str]]) -> None:

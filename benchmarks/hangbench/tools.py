@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -105,8 +106,10 @@ class FlightRecorderTrace:
     its collective timed out or torchrun ended it (NCCL's dump on timeout, emulated on gloo by
     the harness). gloo's dumps carry no ``pg_config`` and torchfrtrace dies on them
     (``KeyError``), so it is filled from the entries first, as NCCL writes it
-    (``benchmarks/bench_diagnose.py``). Its signal is when the dumps were complete; it names the
-    ranks of its first finding, and a mismatch where that finding is one."""
+    (``benchmarks/bench_diagnose.py``). It reads the dumps written before the run was ended (on
+    Slurm a node whose ranks never raise dumps only when ``scancel`` ends it), and its signal is
+    when the last of them was written; it names the ranks of its first finding, and a mismatch
+    where that finding is one."""
 
     name = "torchfrtrace"
     needs = ""
@@ -115,13 +118,22 @@ class FlightRecorderTrace:
         pass  # the harness dumps to HANGBENCH_FR_DIR on every run
 
     def signal(self, run: Run) -> Signal | None:
-        folder = run.folder / "flight_recorder"
-        dumps = sorted(folder.glob("rank_*"))
+        folder, in_time = run.folder / "flight_recorder", run.folder / "flight_recorder_in_time"
+        ended = run.ended or float("inf")
+        dumps = [p for p in sorted(folder.glob("rank_*")) if p.stat().st_mtime <= ended]
         if not dumps:
             return None
+        in_time.mkdir(exist_ok=True)
+        for dump in dumps:
+            shutil.copy2(dump, in_time / dump.name)
         filled = run.folder / "flight_recorder_filled"
-        fill_pg_config(folder, filled, "rank_")
-        out = subprocess.run([*torchfrtrace(), str(filled), "-p", "rank_"],
+        launch = run.case.config.get("launch") or {}
+        world = int((run.case.config.get("cluster") or {}).get("n_nodes", 1)) * int(
+            launch.get("nproc_per_node", 1)
+        )
+        fill_pg_config(in_time, filled, "rank_", world)
+        incomplete = ["--allow-incomplete-ranks"]  # a rank that never raised wrote no dump
+        out = subprocess.run([*torchfrtrace(), str(filled), "-p", "rank_", *incomplete],
                              capture_output=True, text=True, timeout=120)  # fmt: skip
         report = out.stdout + out.stderr
         (run.folder / "torchfrtrace.txt").write_text(report)

@@ -4,8 +4,9 @@ hang demo's ``demo.phases`` (``checkpoint@3,cpu_eval@6``: a phase and the step i
   checkpoint  ``demo.phase_rank`` (rank 0 by default) writes ``demo.phase_mb`` MB in fsync'd 1 MB
               chunks, spread over ``demo.phase_time`` seconds, while the others wait in the
               step's all_reduce (the usual shape of a rank-0 save)
-  cpu_eval    every rank evaluates on the CPU for ``demo.phase_time`` seconds: forward passes
-              and a Python scoring loop by turns (stacks that vary), no collective
+  cpu_eval    every rank (or those of ``demo.eval_ranks``: a slow node) evaluates on the CPU
+              for ``demo.phase_time`` seconds: forward passes and a Python scoring loop by
+              turns (stacks that vary), no collective; the other ranks wait in all_reduce
   read        every rank reads its own ``demo.phase_mb`` MB file in 1 MB chunks, spread over
               ``demo.phase_time`` seconds (a dataset shard read at the start of an epoch)
   upload      ``demo.phase_rank`` posts ``demo.phase_mb`` MB to ``demo.phase_url`` (a slow
@@ -51,12 +52,18 @@ def run(name: str, settings: dict, rank: int, shard: Path | None) -> None:
     seconds, megabytes = float(settings["phase_time"]), int(settings["phase_mb"])
     if name == "checkpoint" and rank == int(settings["phase_rank"]):
         save_checkpoint(megabytes, seconds)
-    elif name == "cpu_eval":
+    elif name == "cpu_eval" and chosen(settings["eval_ranks"], rank):
         evaluate(seconds)
     elif name == "read" and shard is not None:
         read_shard(shard, seconds)
     elif name == "upload" and rank == int(settings["phase_rank"]):
         upload(str(settings["phase_url"]), megabytes)
+
+
+def chosen(ranks: int | list[int], rank: int) -> bool:
+    """Whether ``rank`` is one of ``ranks``: a rank, a list of ranks, or -1 for every rank."""
+    listed = ranks if isinstance(ranks, list) else [ranks]
+    return -1 in listed or rank in listed
 
 
 def save_checkpoint(megabytes: int, seconds: float) -> None:

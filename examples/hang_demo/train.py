@@ -1,7 +1,8 @@
 """A small but real distributed training script (torch, gloo, CPU) that can hang on purpose.
 
 It trains a tiny model with DistributedDataParallel, prints AReaL's step line on rank 0, and,
-when ``demo.hang`` names a pattern, misbehaves on ``demo.hang_rank`` at ``demo.hang_step``:
+when ``demo.hang`` names a pattern, misbehaves on ``demo.hang_rank`` (a rank or a list of ranks)
+at ``demo.hang_step``:
 
   collective_mismatch  the rank calls broadcast (in a helper) while the others all_reduce
   collective_stuck     the rank freezes itself (SIGSTOP) inside the same all_reduce as the others
@@ -12,6 +13,9 @@ when ``demo.hang`` names a pattern, misbehaves on ``demo.hang_rank`` at ``demo.h
   p2p_mismatch         the rank waits in recv for a send that never comes
   crash                the rank raises an exception
   quiet_exit           the rank exits with code 0 while the others go on
+  node_lost            the rank freezes its whole node (every process of this Slurm job on it,
+                       the watchdog's sidecar too) at once, as a power cut or a kernel hang
+                       does: nothing there answers again, and no connection is closed
 
 With ``demo.checkpoint`` (a file), rank 0 records each finished step there and a resumed run
 (``on_hang: resume`` sets AREAL_WATCHDOG_RESUME_ATTEMPT) starts after it; ``demo.hang_once``
@@ -37,6 +41,7 @@ import threading
 import time
 
 import phases
+import psutil
 import torch
 import torch.distributed as dist
 import yaml
@@ -113,6 +118,8 @@ class Trainer:
             busy_reward_model()
         if misbehave == "collective_stuck":
             freeze_soon(0.5)
+        if misbehave == "node_lost":
+            freeze_node()
         elif self.settings["hang"] == "collective_stuck" and self.is_hang_step:
             time.sleep(2.0)  # let the frozen peer enter the collective first
         if misbehave == "crash":
@@ -142,6 +149,23 @@ def freeze_soon(delay: float) -> None:
             time.sleep(0.05)
 
     threading.Thread(target=stop, daemon=True).start()
+
+
+def freeze_node() -> None:
+    """Stop every process of this Slurm job on this node, this one last: the node is gone for
+    its peers, its sockets open and silent (a killed node's would be closed at once)."""
+    job, node = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURMD_NODENAME")
+    if not job or not node:
+        sys.exit("demo.hang=node_lost needs a multi-node Slurm job (areal-launch slurm)")
+    for process in psutil.process_iter():
+        try:
+            env = process.environ()
+            same = env.get("SLURM_JOB_ID") == job and env.get("SLURMD_NODENAME") == node
+            if same and process.pid != os.getpid() and process.name() != "slurmstepd":
+                process.suspend()
+        except psutil.Error:
+            continue
+    os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def step_line(step: int, total: int) -> str:
@@ -221,13 +245,15 @@ def main() -> None:
         "phase_time": 20.0,
         "phase_mb": 100,
         "phase_rank": 0,
+        "eval_ranks": -1,
         "phase_url": "",
     }
     settings.update(config.get("demo") or {})
     rank = int(os.environ["RANK"])
     if settings["log_env"] and rank == 0:  # what many training scripts do, secrets and all
         print("environment:", " ".join(f"{k}={v}" for k, v in sorted(os.environ.items())))
-    misbehaving_rank = rank == settings["hang_rank"]
+    hang_ranks = settings["hang_rank"]
+    misbehaving_rank = rank in (hang_ranks if isinstance(hang_ranks, list) else [hang_ranks])
     if settings["hang"] == "init_deadlock" and misbehaving_rank:
         time.sleep(10**6)  # stuck loading a checkpoint before joining the process group
     timeout = float(os.environ.get("AREAL_WATCHDOG_COLLECTIVE_TIMEOUT", "900"))

@@ -25,7 +25,7 @@ def test_every_case_has_a_label_the_runner_reads() -> None:
         if case.label.healthy:
             continue
         assert case.label.kind in KINDS, case.name
-        world = case.config["launch"]["nproc_per_node"]
+        world = case.config["launch"]["nproc_per_node"] * case.config["cluster"]["n_nodes"]
         assert all(0 <= r < world for r in case.label.culprit_ranks), case.name
         settings = case.config.get("demo") or case.config.get("scenario") or {}
         assert case.label.after_step <= int(settings.get("steps", 10**6)), case.name
@@ -67,3 +67,10 @@ def test_a_broken_case_fails_in_one_line_naming_file_and_key(
         load_case(tmp_path)
     assert message in str(error.value) and str(tmp_path / "case.yaml") in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_the_slurm_cases_span_nodes_a_lost_one_a_straggling_one_and_a_slow_healthy_one() -> None:
+    on_slurm = [c for c in load_cases() if "slurm" in c.needs]
+    assert all(c.config["cluster"]["n_nodes"] >= 2 for c in on_slurm)
+    kinds = {c.label.kind for c in on_slurm if not c.label.healthy}
+    assert kinds == {"node_lost", "straggler"} and any(c.label.healthy for c in on_slurm)

@@ -54,6 +54,19 @@ def test_all_but_a_few_in_one_collective_is_stuck_whatever_the_few_burn() -> Non
     assert stuck_for([Reading(NOW, {0: reduce(NOW - 9), 1: []}, [], [])], 2, NOW, limit)[0] > 0
 
 
+def test_one_nodes_ranks_outside_while_every_other_node_waits_is_stuck() -> None:
+    """A straggling node (its ranks spin) or a stopped one (they do not answer): more than a few
+    ranks, but all of one node, while the other node's are all in the collective."""
+    waiting = Reading(NOW, {0: reduce(NOW - 9), 1: reduce(NOW - 9)}, [], [])
+    spinning = Reading(NOW, {2: [], 3: []}, [], [])
+    assert stuck_for([waiting, spinning], 4, NOW, limit)[0] > 0
+    assert stuck_for([waiting, Reading(NOW, {}, [2, 3], [])], 4, NOW, limit)[0] > 0
+    # one rank of each node outside is neither few nor one node's
+    split = [Reading(NOW, {0: reduce(NOW - 9), 1: []}, [], []),
+             Reading(NOW, {2: reduce(NOW - 9), 3: []}, [], [])]  # fmt: skip
+    assert stuck_for(split, 4, NOW, limit)[0] == float("-inf")
+
+
 def test_a_rank_moving_data_a_working_gpu_or_a_passed_collective_is_not_stuck() -> None:
     both = {0: reduce(NOW - 9), 1: reduce(NOW - 9)}
     nothing = float("-inf")
