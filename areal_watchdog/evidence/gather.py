@@ -43,6 +43,10 @@ class GatherSettings:
 
     method: str = "auto"  # auto | py-spy | faulthandler
     timeout: float = 5.0
+    # running ranks sampled again (``RUNNING_SAMPLES``): only once the job stepped, since each
+    # dump suspends the rank, and ranks still starting (importing, loading) all run; repeated
+    # dumps of them under a loaded machine slowed one job's start past 100 s
+    sample_running: bool = False
 
 
 def gather_node(
@@ -145,7 +149,7 @@ def _stack_for(
         evidence.exit = exit_info(layout, proc, "")
     elif evidence.threads:
         evidence.state = RUNNING if cpu is not None and cpu >= BUSY_CPU else BLOCKED
-        if evidence.state == RUNNING and proc.rank is not None:
+        if evidence.state == RUNNING and proc.rank is not None and settings.sample_running:
             evidence.samples = _more_samples(proc.pid, settings.timeout)
         if errors and evidence.evidence_method == "faulthandler":
             evidence.error = f"{'; '.join(errors)}; the stacks are the rank's own faulthandler's"

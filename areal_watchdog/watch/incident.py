@@ -89,11 +89,11 @@ def job_secrets(pids: list[int]) -> list[str]:
     return found
 
 
-def local_evidence(info: LaunchInfo, watch: NodeWatch) -> LocalEvidence:
-    """This node's processes: stacks, then Flight Recorder traces, then rollout tasks and
-    servers."""
+def local_evidence(info: LaunchInfo, watch: NodeWatch, stepped: bool) -> LocalEvidence:
+    """This node's processes: stacks (a running rank's sampled again once the job ``stepped``),
+    then Flight Recorder traces, then rollout tasks and servers."""
     wd = info.watchdog
-    settings = GatherSettings(wd.stack_method, wd.dump_timeout)
+    settings = GatherSettings(wd.stack_method, wd.dump_timeout, sample_running=stepped)
     ranks = watch.evidence(settings)
     workers = watch.worker_evidence(settings)
     started = time.perf_counter()
@@ -265,7 +265,7 @@ class Incidents(Escalation):
         peers = [n for n in self.nodes if n != self.node and n not in lost]
         request_id = self.coordinator.request_evidence(trigger.value) if peers else ""
         self.answered.add(request_id)
-        mine = local_evidence(self.info, self.watch)
+        mine = local_evidence(self.info, self.watch, self.clock.first_step_at is not None)
         answers = self.collect(request_id, peers)
         ranks, workers, traces, servers = mine.ranks, mine.workers, mine.traces, mine.servers
         for answer in answers.values():

@@ -295,7 +295,7 @@ class Sidecar(JobEnd, Leader, ProgressWatch, StatusPublisher):
         if request.get("by") == self.node:
             return  # the leader gathers its own node directly
         started = time.monotonic()
-        mine = local_evidence(self.info, self.watch)
+        mine = local_evidence(self.info, self.watch, self.clock.first_step_at is not None)
         self.coordinator.answer(request["id"], mine.to_answer())
         took, ranks = time.monotonic() - started, len(mine.ranks)
         self.log(f"answered evidence request {request['id']} ({ranks} ranks, {took:.2f} s)")
