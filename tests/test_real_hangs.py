@@ -41,10 +41,15 @@ def test_hang_is_caught_and_classified(
     # A crash is caught by the job's end, not by its silence: under a loaded suite a crashing
     # rank took 2.6 s to exit and the 3 s stall came first (reported right, but cancelled).
     slow_to_stall = ["watchdog.stall_timeout=15"] if category == "rank_crashed" else []
+    # Beside two AReaL jobs starting, torchrun itself printed nothing for 32 s (importing torch)
+    # and FAST's 20 s start-up timeout reported "no rank started": only a hang before the first
+    # step needs it short.
+    slow_to_start = [] if category == "init_deadlock" else ["watchdog.startup_timeout=90"]
     result = launcher.run(
         [
             *FAST,
             *slow_to_stall,
+            *slow_to_start,
             f"launch.nproc_per_node={world}",
             f"demo.hang={pattern}",
             f"demo.hang_rank={culprit}",
