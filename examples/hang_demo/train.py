@@ -159,6 +159,8 @@ def freeze_node() -> None:
         sys.exit("demo.hang=node_lost needs a multi-node Slurm job (areal-launch slurm)")
     for process in psutil.process_iter():
         try:
+            if process.uids().real != os.getuid():  # only this job's user's: never another's
+                continue
             env = process.environ()
             same = env.get("SLURM_JOB_ID") == job and env.get("SLURMD_NODENAME") == node
             if same and process.pid != os.getpid() and process.name() != "slurmstepd":
