@@ -187,7 +187,7 @@ class Incidents(Escalation):
             "flight_recorder_s": round(fr_seconds, 4),
             "classify_s": round(time.perf_counter() - gathered, 4),
         }
-        progress_at = self.clock.last_progress_at if self.clock.first_step_at else None
+        progress_at = self.clock.last_progress_at if self.clock.stepped else None
         return Look(
             evidence, verdict, timings, self.clock.last_step, at, progress_at, self.clock.threshold
         )
@@ -265,7 +265,7 @@ class Incidents(Escalation):
         peers = [n for n in self.nodes if n != self.node and n not in lost]
         request_id = self.coordinator.request_evidence(trigger.value) if peers else ""
         self.answered.add(request_id)
-        mine = local_evidence(self.info, self.watch, self.clock.first_step_at is not None)
+        mine = local_evidence(self.info, self.watch, self.clock.stepped)
         answers = self.collect(request_id, peers)
         ranks, workers, traces, servers = mine.ranks, mine.workers, mine.traces, mine.servers
         for answer in answers.values():
@@ -281,7 +281,7 @@ class Incidents(Escalation):
         evidence = Evidence(
             world_size=self.info.world_size,
             ranks=sorted(ranks, key=lambda r: r.rank),
-            first_step_seen=self.clock.first_step_at is not None,
+            first_step_seen=self.clock.stepped,
             unanswered_nodes=sorted(silent | set(lost)),
             lost_nodes=sorted(lost),
             flight_records=traces,

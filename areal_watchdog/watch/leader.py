@@ -35,7 +35,7 @@ class Leader:
         over, op = self.in_flight_over(now)
         return Snapshot(
             now=now,
-            first_step_seen=self.clock.first_step_at is not None,
+            first_step_seen=self.clock.stepped,
             silent_for=self.clock.silent_for(now),
             threshold=self.clock.threshold,
             stalled=self.clock.stalled(now),

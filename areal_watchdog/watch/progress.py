@@ -122,6 +122,11 @@ class StallClock:
         self.last_progress_at = max(self.last_progress_at, now)
 
     @property
+    def stepped(self) -> bool:
+        """The job printed its first step: past its start-up, the step thresholds apply."""
+        return self.first_step_at is not None
+
+    @property
     def tearing_down(self) -> bool:
         """The job's last step was seen: what is left is its teardown."""
         if self.total is None or self.last_step is None:
@@ -130,7 +135,7 @@ class StallClock:
 
     @property
     def threshold(self) -> float:
-        if self.first_step_at is None:
+        if not self.stepped:
             return self.startup_timeout
         if self.tearing_down:
             return max(self.teardown_timeout, self._stepping_threshold())

@@ -83,7 +83,7 @@ class ProgressWatch:
             return
         before = self.clock.threshold
         self.clock.learned_step = phases.longest_step
-        if self.clock.threshold > before and self.clock.first_step_at is not None:
+        if self.clock.threshold > before and self.clock.stepped:
             self.say(
                 f"steps of this job take up to {phases.longest_step:.0f} s ({phases.describe()}, "
                 f"AReaL's timeperf): a silence counts as a stall after {self.clock.threshold:.0f} s"

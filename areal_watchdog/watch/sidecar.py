@@ -244,7 +244,7 @@ class Sidecar(JobEnd, Leader, ProgressWatch, StatusPublisher):
         # Not after the last step: ranks waiting in the closing barrier for rank 0's final save
         # are the teardown, a hang only after teardown_timeout.
         clock = self.clock
-        sensing = clock.first_step_at and self.incidents.case is None and not clock.stalled(now)
+        sensing = clock.stepped and self.incidents.case is None and not clock.stalled(now)
         sensing = sensing and not clock.tearing_down
         sensing = sensing and (leading or due)
         self.in_flight.poll(
@@ -295,7 +295,7 @@ class Sidecar(JobEnd, Leader, ProgressWatch, StatusPublisher):
         if request.get("by") == self.node:
             return  # the leader gathers its own node directly
         started = time.monotonic()
-        mine = local_evidence(self.info, self.watch, self.clock.first_step_at is not None)
+        mine = local_evidence(self.info, self.watch, self.clock.stepped)
         self.coordinator.answer(request["id"], mine.to_answer())
         took, ranks = time.monotonic() - started, len(mine.ranks)
         self.log(f"answered evidence request {request['id']} ({ranks} ranks, {took:.2f} s)")
