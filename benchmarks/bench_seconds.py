@@ -78,6 +78,7 @@ PATTERNS = (
     "p2p_mismatch",
     "crash",
     "quiet_exit",
+    "child_blocked",
 )
 Rows = list[tuple[str, ...]]
 
@@ -198,9 +199,23 @@ def healthy_jobs(root: Path, upload_url: str) -> dict[str, list[str]]:
         "rank 0's upload to a slow HTTP endpoint (8 MB at 320 KB/s)": [
             *phase, f"demo.phases=upload{at}", "demo.phase_mb=8", f"demo.phase_url={upload_url}",
         ],
+        **tree_jobs(),
         "silent GPU evaluation (20 s, H200 samples at ~600 W)": [
             "demo.hang=none", f"demo.slow_step={HANG_STEP}", "demo.slow_time=20",
             "+watchdog.gpu.backend=recorded", f"+watchdog.gpu.recording={gpu_recording(root)}",
+        ],
+    }  # fmt: skip
+
+
+def tree_jobs() -> dict[str, list[str]]:
+    """The healthy jobs whose work is in a rank's children (``evidence/process_tree.py``)."""
+    at, phase = f"@{HANG_STEP}", ["demo.hang=none", f"demo.phase_time={PHASE_S}"]
+    return {
+        f"rank 0's checkpoint copied by a child process (160 MB fsync'd, {PHASE_S} s)": [
+            *phase, f"demo.phases=child_checkpoint{at}", "demo.phase_mb=160",
+        ],
+        f"every rank's DataLoader worker busy on one long document ({PHASE_S} s of CPU)": [
+            *phase, f"demo.phases=loader_work{at}", "demo.eval_ranks=-1",
         ],
     }  # fmt: skip
 

@@ -14,6 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_areal import run_areal_benchmarks  # noqa: E402
+from bench_cancel import run_cancel_benchmarks  # noqa: E402
 from bench_diagnose import run_diagnose_benchmarks  # noqa: E402
 from bench_faults import run_fault_benchmarks  # noqa: E402
 from bench_metrics import run_metrics_benchmarks  # noqa: E402
@@ -24,6 +25,7 @@ from bench_scale import run_scale_benchmarks  # noqa: E402
 from bench_seconds import run_seconds_benchmarks  # noqa: E402
 from bench_sidecars import run_sidecar_benchmarks  # noqa: E402
 from bench_trajectory import run_trajectory_benchmarks  # noqa: E402
+from bench_tree import run_tree_benchmarks  # noqa: E402
 from bench_watchdog import run_watchdog_benchmarks  # noqa: E402
 
 TOPICS = {
@@ -39,6 +41,8 @@ TOPICS = {
     "areal": run_areal_benchmarks,
     "resume": run_resume_benchmarks,
     "metrics": run_metrics_benchmarks,
+    "cancel": run_cancel_benchmarks,
+    "tree": run_tree_benchmarks,
 }
 
 

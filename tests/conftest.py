@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,8 @@ import pytest
 import yaml
 
 from areal_watchdog.report.build import load_schema
+from areal_watchdog.rundir.late_finish import LateFinish
+from areal_watchdog.rundir.layout import RunLayout
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = REPO / "examples" / "hang_demo" / "config.yaml"
@@ -78,8 +81,8 @@ def read_reports(run_dir: Path, folder: str = "incidents") -> list[dict]:
 
 
 def timeline_of(report: dict) -> dict:
-    """A posted incident's timeline: its data, and the picture drawn beside it (the sidecar
-    waits for its drawings before it exits, so both are there once the launcher returned)."""
+    """A posted incident's timeline: its data, and the picture drawn beside it (by the sidecar,
+    or by its late finish, which ``Launcher.run`` waits for)."""
     folder = Path(report["files"]["incident_dir"])
     assert (folder / "timeline.png").stat().st_size > 0, sorted(p.name for p in folder.iterdir())
     assert "![timeline](timeline.svg)" in (folder / "report.md").read_text()
@@ -93,6 +96,21 @@ def culprit_rows(timeline: dict) -> list[str]:
 def suspected_looks(run_dir: Path) -> list[dict]:
     """The looks at a silence that were not confirmed: written, not posted, oldest first."""
     return read_reports(run_dir, "suspected")
+
+
+def await_late_finishes(run_dir: Path, timeout: float = 150.0) -> None:
+    """Until the late finishes the run's sidecars left have ended (their pictures and sends)."""
+    layout = RunLayout(run_dir)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        records = LateFinish.read_all(layout)
+        running = [r for r in records if r.running() and psutil.pid_exists(r.pid)]
+        if not running:
+            for record in records:  # its last moment: the record written, then the exit
+                with contextlib.suppress(psutil.Error):
+                    psutil.Process(record.pid).wait(5)
+            return
+        time.sleep(0.2)
 
 
 class Launcher:
@@ -152,10 +170,14 @@ class Launcher:
             self.cleanup()
             output, _ = proc.communicate()
             pytest.fail(f"areal-launch did not finish within {timeout} s:\n{output[-4000:]}")
+        await_late_finishes(run_dir)
         return LaunchResult(proc.returncode, output, run_dir, read_reports(run_dir))
 
     def cleanup(self) -> list[str]:
-        """Kill every process this launcher started; return those still alive (pid, command)."""
+        """Kill every process this launcher started; return those still alive (pid, command).
+        A sidecar's late finish (bounded, detached on purpose) is waited for first."""
+        for late in self.root.glob("**/watchdog/late_finish"):
+            await_late_finishes(late.parent.parent)
         leftovers = []
         for proc in self.popens:
             if proc.poll() is None:

@@ -31,7 +31,7 @@ def test_the_report_schema_names_exactly_the_declared_kinds(
 
 
 def test_the_escalation_reads_the_table() -> None:
-    assert {"rank_crashed", "node_lost"} == CONCLUSIVE_CATEGORIES
+    assert {"rank_crashed", "node_lost", "storage_stall"} == CONCLUSIVE_CATEGORIES
     assert {"workflow_stuck"} == TIME_DECIDES and {"reward_stuck"} == DAMAGE
 
 

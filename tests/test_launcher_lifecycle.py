@@ -5,6 +5,7 @@ words on the terminal are the verdict and where the report is."""
 from __future__ import annotations
 
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -14,7 +15,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import FAST, Launcher, processes_under, read_reports
+from conftest import (
+    FAST,
+    Launcher,
+    await_late_finishes,
+    processes_under,
+    read_reports,
+    timeline_of,
+)
+from receiver import Receiver
 
 pytestmark = pytest.mark.slow
 
@@ -157,3 +166,43 @@ def test_a_job_whose_ranks_never_start_is_reported_at_the_startup_timeout(
         "No rank started: ranks 0-1 never registered with the watchdog within the start-up timeout"
     ), report["summary"]
     assert gone_within(launcher.root, 10) == []
+
+
+def test_a_slow_channel_never_holds_a_cancelled_job_its_late_finish_sends(
+    launcher: Launcher,
+) -> None:
+    """The channel answers the report only after 60 s: the launcher returns anyway (the job is
+    over), ``status`` says what the sidecar's late finish still sends, and the late finish
+    delivers the report (the same webhook id) and draws the timeline, then leaves nothing."""
+    receiver = Receiver()
+    receiver.script = [(200, {}, 60.0)]
+    hook = ["+watchdog.notify=[{type: webhook, url_env: TEST_LATE_HOOK, max_attempts: 1}]"]
+    try:
+        proc, run_dir = launcher.start(
+            [
+                *FAST,
+                "launch.nproc_per_node=2",
+                "demo.hang=straggler",
+                "demo.hang_rank=1",
+                "demo.hang_step=3",
+                "demo.steps=6",
+                *hook,
+            ],
+            env={"TEST_LATE_HOOK": receiver.url()},
+        )
+        output, _ = proc.communicate(timeout=150)
+        assert proc.returncode == 3, output[-3000:]
+        assert "job over; a late finish (pid" in output, output[-3000:]
+        status = subprocess.run([sys.executable, "-m", "areal_watchdog.cli", "status",
+                                 str(run_dir)], capture_output=True, text=True)  # fmt: skip
+        assert f"late finish on {platform.node()}" in status.stdout, status.stdout
+        await_late_finishes(run_dir)
+        (report,) = read_reports(run_dir)
+        ids = [r.headers.get("webhook-id") for r in receiver.requests]
+        assert len(ids) == 2 and len(set(ids)) == 1, ids  # cut off at the exit, then sent again
+        timeline_of(report)
+        status = subprocess.run([sys.executable, "-m", "areal_watchdog.cli", "status",
+                                 str(run_dir)], capture_output=True, text=True)  # fmt: skip
+        assert "done: 1 notification(s) sent, 0 left in the spool" in status.stdout, status.stdout
+    finally:
+        receiver.close()

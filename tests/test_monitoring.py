@@ -128,12 +128,9 @@ def test_a_real_hang_seen_through_prometheus_both_ways(launcher: Launcher, watch
     assert active_at - incident_at < 2.5, (alert["activeAt"], incident_at)
     assert prometheus.value(f"sum(areal_watchdog_looks_total{ENDPOINT})") >= 1
     assert prometheus.firing("AReaLWatchdogSilentPastThreshold")
-    # The textfile way gives the same values, through node_exporter.
-    for name in ("areal_watchdog_last_step", "areal_watchdog_threshold_seconds",
-                 "areal_watchdog_looks_total"):  # fmt: skip
-        assert prometheus.value(f"sum({name}{TEXTFILE})") == prometheus.value(
-            f"sum({name}{ENDPOINT})"
-        ), name
+    # The textfile way gives the same values, through node_exporter, once both hold the same
+    # poll (the poll histogram's count): each way is scraped at its own moment.
+    _until(lambda: same_poll(prometheus), 30, "both ways at the same poll")
     # Every panel of the shipped dashboard is a query this Prometheus evaluates, with data.
     for expr in dashboard_queries():
         assert prometheus.error(expr) is None, expr
@@ -142,6 +139,24 @@ def test_a_real_hang_seen_through_prometheus_both_ways(launcher: Launcher, watch
     proc.communicate(timeout=90)
     assert list(file_sd.iterdir()) == [] and list(textfiles.iterdir()) == []
     assert list((run_dir / "watchdog" / "metrics").iterdir()) == []
+
+
+POLLS = "areal_watchdog_poll_duration_seconds_count"
+COMPARED = ("areal_watchdog_last_step", "areal_watchdog_threshold_seconds",
+            "areal_watchdog_looks_total")  # fmt: skip
+
+
+def same_poll(prometheus: Prometheus) -> bool:
+    """Whether the textfile and the endpoint, as last scraped, hold the same poll; if so, they
+    must hold the same values."""
+    polls = [prometheus.value(f"sum({POLLS}{way})") for way in (TEXTFILE, ENDPOINT)]
+    values = {way: [prometheus.value(f"sum({n}{way})") for n in COMPARED]
+              for way in (TEXTFILE, ENDPOINT)}  # fmt: skip
+    again = [prometheus.value(f"sum({POLLS}{way})") for way in (TEXTFILE, ENDPOINT)]
+    if None in polls or polls[0] != polls[1] or again != polls:
+        return False  # another poll was scraped meanwhile: read again
+    assert values[TEXTFILE] == values[ENDPOINT], (polls, values)
+    return True
 
 
 def dashboard_queries() -> list[str]:

@@ -449,3 +449,29 @@ def test_a_timeline_goes_into_the_reports_slack_thread_through_slacks_upload_api
     api = [r for r in receiver.requests if r.path.startswith("/api/")]
     assert {r.headers["Authorization"] for r in api} == {"Bearer xoxb-upload-token"}
     assert "Authorization" not in receiver.requests[2].headers  # never to the upload URL
+
+
+def test_a_close_that_runs_out_of_time_hands_the_rest_on(
+    receiver: Receiver, tmp_path: Path, report: dict
+) -> None:
+    """The sidecar's exit never waits for a slow channel: the report being sent is in the spool
+    (written ahead), the ones still queued are put there, the pictures come back to the caller,
+    and one flush later every report is delivered."""
+    receiver.script = [(200, {}, 3.0)]
+    notifier = Notifier([webhook(receiver.url())], tmp_path / "spool", Redactor(), print)
+    second = {**report, "incident_id": "20260101T000000Z-straggler-beef"}
+    picture = Picture(second["incident_id"], tmp_path / "timeline.png", "Timeline")
+    notifier.submit(report)
+    notifier.submit(second)
+    notifier.queue.put(picture)
+    time.sleep(0.3)  # the first report is on its way: 3 s at the receiver
+    started = time.monotonic()
+    assert notifier.close(timeout=0.5) == [picture]
+    assert time.monotonic() - started < 1.0
+    spool = Spool(tmp_path / "spool")
+    assert len(spool.pending()) == 2 and notifier.unsent() == 2
+    time.sleep(3.0)  # the first attempt's answer comes: delivered, off the spool
+    assert flush(spool, Redactor()) == (1, 0)
+    ids = {json.loads(r.body)["incident_id"] for r in receiver.requests if r.verified}
+    assert ids == {report["incident_id"], second["incident_id"]}
+    assert spool.pending() == []

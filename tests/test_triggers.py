@@ -31,6 +31,7 @@ HEALTHY = Snapshot(
     in_flight_op="",
     silent_nodes=(),
     servers_refusing=(),
+    in_kernel_for=0.0,
     ended_nodes=0,
     n_nodes=2,
     silent_job_nodes=0,
@@ -192,3 +193,12 @@ def test_a_job_whose_ranks_never_start_stalls_at_the_startup_timeout() -> None:
     ]  # fmt: skip
     ended = replace(before, gone=frozenset({0, 1}), silent_for=31.0, stalled=True)
     assert triggers(ended) == []  # ranks that ran and ended are no start-up
+
+
+def test_ranks_blocked_in_the_kernel_open_a_look_warm_up_or_not() -> None:
+    """Storage that stopped answering: ranks in D with nothing moving for 8 s open a look at
+    once, before any threshold (the warm-up's 60 s floor would come far later); 7 s do not."""
+    early = replace(HEALTHY, threshold=60.0, silent_for=9.0)
+    assert triggers(replace(early, in_kernel_for=7.9)) == []
+    assert triggers(replace(early, in_kernel_for=8.0)) == [Trigger.IN_KERNEL]
+    assert triggers(replace(early, in_kernel_for=30.0, ending_on_purpose=True)) == []

@@ -18,6 +18,7 @@ from areal_watchdog.diagnose.kinds import CATEGORIES, names
 from areal_watchdog.diagnose.record import record_finding
 from areal_watchdog.diagnose.rollout import RolloutFinding, rollout_finding
 from areal_watchdog.diagnose.rules import decide
+from areal_watchdog.diagnose.storage import children_note
 from areal_watchdog.diagnose.verdict import Activity, StackGroup, Verdict
 from areal_watchdog.evidence.model import EXITED, Evidence, RankEvidence
 
@@ -33,6 +34,8 @@ def classify(evidence: Evidence) -> Verdict:
     groups = _group(evidence.ranks, activities)
     finding = rollout_finding(evidence)
     verdict = _from_finding(finding) if finding else decide(evidence, activities)
+    if note := children_note(verdict, evidence):
+        verdict.summary = f"{verdict.summary} {note}"
     verdict.groups = groups
     verdict.activities = activities
     verdict.worker_activities = {w.pid or 0: describe(w) for w in evidence.workers}

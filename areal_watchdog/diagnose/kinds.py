@@ -53,6 +53,7 @@ CATEGORIES: tuple[HangKind, ...] = (
     HangKind("p2p_mismatch", "Point-to-point sends and receives do not match", stacks=True),
     HangKind("rank_crashed", "A rank crashed", proof=True, failure=True),
     HangKind("node_lost", "A node was lost", proof=True),
+    HangKind("storage_stall", "Ranks are blocked on storage that stopped answering", proof=True),
     HangKind("rollout_stalled", "Rollouts stalled"),
     HangKind("weight_sync_stuck", "A weight update never completed"),
     HangKind("unknown", "The job stalled", stacks=True),

@@ -15,6 +15,7 @@ from areal_watchdog.diagnose.activity import describe
 from areal_watchdog.diagnose.crash import crash_verdict, error_line
 from areal_watchdog.diagnose.phrases import all_ranks, cap, is_are, their, verb
 from areal_watchdog.diagnose.rollout_evidence import addresses, server_entry
+from areal_watchdog.diagnose.storage import storage_stall
 from areal_watchdog.diagnose.verdict import Activity, Verdict, culprit_entry
 from areal_watchdog.evidence.model import (
     BLOCKED,
@@ -316,6 +317,10 @@ def _collective_mismatch(scene: Scene) -> Verdict | None:
 
 
 # The categories, in the order they are tried: the first that fits wins.
+def _storage_stall(scene: Scene) -> Verdict | None:
+    return storage_stall(scene.evidence)
+
+
 RULES = (
     _node_lost,
     _controller_failed,
@@ -323,6 +328,7 @@ RULES = (
     _init_deadlock,
     _never_registered,
     _no_stack,
+    _storage_stall,
     _cleanup_deadlock,
     _frozen_peer,
     _p2p_mismatch,

@@ -28,9 +28,26 @@ IO_FLOOR = 64 * 1024.0  # bytes read and written a second (rchar + wchar)
 DISK_FLOOR = 1024 * 1024.0  # bytes to and from storage a second (read_bytes + write_bytes)
 
 
+# Cores a process's descendants burn while it waits on them: DataLoader workers decoding a
+# long document, a compile worker, a checksum of a copy. Its own CPU is no movement (a rank
+# spinning forever burns it too); its children's is work it waits for (evidence.process_tree).
+CHILDREN_CPU_FLOOR = 0.3
+
+
 def real_data(io_rate: float, disk_rate: float) -> bool:
     """A rate window in which the process read or wrote real data (``IO_FLOOR``)."""
     return io_rate >= IO_FLOOR or disk_rate >= DISK_FLOOR
+
+
+def children_work(children_cpu: float) -> bool:
+    """A rate window in which the process's descendants worked (``CHILDREN_CPU_FLOOR``)."""
+    return children_cpu >= CHILDREN_CPU_FLOOR
+
+
+def at_work(io_rate: float, disk_rate: float, children_cpu: float = 0.0) -> bool:
+    """A rate window in which the process (with its descendants) did work that is movement:
+    real data read or written, or its descendants burning CPU."""
+    return real_data(io_rate, disk_rate) or children_work(children_cpu)
 
 
 @dataclass(frozen=True)

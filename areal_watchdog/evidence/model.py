@@ -84,6 +84,10 @@ class RankEvidence:
     address: str | None = None  # inference servers: host:port
     cwd: str | None = None  # its working directory: user files are shown relative to it
     parent_pid: int | None = None  # a helper process: the job's process that started it
+    # what the kernel says it waits on: its main thread, then any other thread in D state
+    # (evidence.kernel_wait), read for a live process at the look
+    kernel_waits: list[dict[str, Any]] = field(default_factory=list)
+    children: list[dict[str, Any]] = field(default_factory=list)  # evidence.process_tree
 
     def label(self) -> str:
         """``rank 3`` (``rank 3 (actor 3)``), ``rollout 0``, ``controller``."""

@@ -17,10 +17,17 @@ class Trigger(str, Enum):
     GPU_IDLE = "gpu_idle"  # every GPU idle or spinning, and no progress
     IN_FLIGHT = "collective_in_flight"  # all but a few ranks wait in one collective
     SERVER_REFUSED = "server_refused"  # an inference server that answered refuses connections
+    IN_KERNEL = "blocked_in_kernel"  # ranks in state D with no data moving (storage, mostly)
     RANK_EXITED = "rank_exited"  # a rank ended while others live on
     NODE_SILENT = "node_silent"  # a peer sidecar stopped answering
     JOB_FAILED = "job_failed"  # every node's job ended, some with a non-zero code
 
 
 # One report per silence.
-SILENCES = (Trigger.STALL, Trigger.GPU_IDLE, Trigger.IN_FLIGHT, Trigger.SERVER_REFUSED)
+SILENCES = (
+    Trigger.STALL,
+    Trigger.GPU_IDLE,
+    Trigger.IN_FLIGHT,
+    Trigger.SERVER_REFUSED,
+    Trigger.IN_KERNEL,
+)

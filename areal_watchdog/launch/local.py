@@ -48,7 +48,10 @@ from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_CANCEL_FD, ENV_NODE, RunLayout, node_of
 from areal_watchdog.rundir.run_processes import kill_run_processes
 
-SIDECAR_FINISH_GRACE = 60.0  # seconds the sidecar gets to write a final report
+# Seconds from the job's end to the launcher's return: the sidecar's last word (a failure's
+# report) comes within them, and what it still draws or sends goes on in its late finish.
+JOB_END_BUDGET_S = 9.0
+SIDECAR_STOP_S = 1.0  # after the budget: a SIGTERM, this long, then SIGKILL
 SIDECAR_RESTARTS = 3  # a sidecar that keeps dying is given up on, loudly
 
 
@@ -160,12 +163,13 @@ class _LocalRun:
         finally:
             interrupts.restore()
             grace = 1.0 if interrupts.count > 1 else 20.0
+            ended = time.monotonic() if job is not None and job.proc.poll() is not None else None
             for piped in [p for p in (job, *services) if p is not None]:
                 piped.stop(self.plan.run_id, grace)
             returncode = job.proc.returncode if job is not None else 1
             recorded = self.record_exit(returncode)
             if self.sidecar is not None:  # without the record, only a signal tells it the end
-                self.sidecar.finish(interrupted=interrupts.count > 0 or not recorded)
+                self.sidecar.finish(interrupts.count > 0 or not recorded, ended or time.monotonic())
             if held is not None:
                 os.close(held)
             for fd in self.cancel_pipe:
@@ -320,13 +324,22 @@ class _Sidecar:
         )
         self.proc = self._start()
 
-    def finish(self, interrupted: bool) -> None:
+    def finish(self, interrupted: bool, job_ended: float) -> None:
+        """Let the sidecar say its last word until ``JOB_END_BUDGET_S`` after ``job_ended``
+        (monotonic); then it is stopped: the job's end is never held by the watchdog."""
         if self.proc is None:
             return
         if interrupted:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            self.proc.wait(timeout=SIDECAR_FINISH_GRACE)
+            self.proc.wait(timeout=max(0.5, job_ended + JOB_END_BUDGET_S - time.monotonic()))
+            return
+        except subprocess.TimeoutExpired:
+            self.say(f"the watchdog sidecar was still busy {JOB_END_BUDGET_S:g} s after the "
+                     "job's end: stopping it")  # fmt: skip
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=SIDECAR_STOP_S)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()

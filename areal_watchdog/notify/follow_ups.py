@@ -29,10 +29,11 @@ def send_follow_up(
     make: Make,
     log: Callable[[str], None],
     label: str,
+    send: bool = True,
 ) -> int:
     """Send one follow-up of ``incident_id`` (``key`` names which, ``label`` in words) to
     every sink that takes it, once; return how many were delivered (what fails stays in the
-    spool)."""
+    spool). Not ``send``: only spool it, for a later flush."""
     redactor = Redactor.from_environment().with_values(secret_values(specs))
     spool = Spool(spool_dir, warn=log)
     done = spool.delivered_ids()
@@ -45,7 +46,11 @@ def send_follow_up(
         message = make(kind, thread)
         if message is None:
             continue
-        outcome = deliver(sink, encode(redactor.scrub_tree(message)), message_id, redactor, spool)
+        body = encode(redactor.scrub_tree(message))
+        if not send:
+            spool.keep(message_id, sink.spec, body, "not sent yet")
+            continue
+        outcome = deliver(sink, body, message_id, redactor, spool)
         log(f"{label} notice to {sink.spec.name}: {outcome.describe()}")
         delivered += outcome.delivered
     return delivered

@@ -4,6 +4,7 @@ detection or evidence gathering; what cannot be delivered goes to the spool.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -120,12 +121,33 @@ class Notifier:
             except queue.Full:
                 self.log(f"notification queue full: {picture.path} not uploaded")
 
-    def close(self, timeout: float) -> None:
-        """Finish what is queued within ``timeout``; anything left stays in the spool."""
+    def close(self, timeout: float) -> list[Picture]:
+        """Finish what is queued within ``timeout``. What is left is handed on: its reports
+        and resolutions to the spool (a message being sent is there already: every delivery
+        is written ahead), its pictures returned for whoever uploads them later."""
         if not self.thread.is_alive():
-            return
-        self.queue.put(None)
+            return []
+        with contextlib.suppress(queue.Full):
+            self.queue.put(None, timeout=max(0.0, timeout))
         self.thread.join(timeout)
+        if not self.thread.is_alive():
+            return []
+        pictures = []
+        while True:
+            try:
+                item = self.queue.get_nowait()
+            except queue.Empty:
+                return pictures
+            if isinstance(item, Picture):
+                pictures.append(item)
+            elif isinstance(item, Resolution):
+                self._guarded(self._resolve, item, False)
+            elif item is not None:
+                self._guarded(self._deliver, item, False)
+
+    def unsent(self) -> int:
+        """Notifications in the spool, not delivered yet (written ahead or failed)."""
+        return len(self.spool.pending()) if self.specs else 0
 
     def _work(self) -> None:
         while True:
@@ -158,13 +180,17 @@ class Notifier:
             flush(self.spool, self.redactor, log=self.log, say=self.say)
             self.spool_depth = len(self.spool.pending())
 
-    def _deliver(self, report: dict[str, Any]) -> None:
+    def _deliver(self, report: dict[str, Any], send: bool = True) -> None:
+        """Send a report to every sink (or, not ``send``, only spool it for a later flush)."""
         done = self.spool.delivered_ids()
         for kind, sink in installed(self.specs, self.log):
             message_id = delivery_id(report["incident_id"], sink.spec)
             if message_id in done:
                 continue
             body = encode(kind.report(report))
+            if not send:
+                self.spool.keep(message_id, sink.spec, body, "not sent yet")
+                continue
             outcome = deliver(sink, body, message_id, self.redactor, self.spool)
             self.log(f"notify {sink.spec.name}: {outcome.describe()}")
             self._count(sink.spec.name, outcome)
@@ -187,12 +213,13 @@ class Notifier:
         if not outcome.delivered:
             self.spool_depth = len(self.spool.pending())
 
-    def _resolve(self, item: Resolution) -> None:
+    def _resolve(self, item: Resolution, send: bool = True) -> None:
         incident = item.report["incident_id"]
-        self.say(f"incident {incident} is over ({item.reason}): resolving it")
+        if send:
+            self.say(f"incident {incident} is over ({item.reason}): resolving it")
         send_follow_up(self.resolving, self.spool.directory, incident, RESOLVED,
                        lambda sink, _thread: sink.resolution(item.report, item.reason),
-                       self.log, "resolution")  # fmt: skip
+                       self.log, "resolution", send=send)  # fmt: skip
 
     def _resolved(self, incidents: list[str]) -> set[str]:
         """Those of ``incidents`` every resolving sink has resolved (the ledger says)."""
@@ -204,14 +231,24 @@ class Notifier:
         }
 
     def _upload(self, picture: Picture) -> None:
-        """Into each thread the incident's report started (the ledger has its first post)."""
-        for kind, sink in installed(self.threading, self.log):
-            thread = self.spool.thread_of(delivery_id(picture.incident_id, sink.spec))
-            if thread is None:
-                self.log(f"timeline to {sink.spec.name}: no thread (the report is not posted)")
-                continue
-            said = kind.upload(sink, thread, picture.path, picture.title, self.redactor)
-            self.log(f"timeline to {sink.spec.name}: {said}")
+        upload_picture(self.threading, self.spool, picture, self.redactor, self.log)
+
+
+def upload_picture(
+    specs: list[SinkSpec],
+    spool: Spool,
+    picture: Picture,
+    redactor: Redactor,
+    log: Callable[[str], None],
+) -> None:
+    """Into each thread the incident's report started (the ledger has its first post)."""
+    for kind, sink in installed([s for s in specs if _asks(s, "threads")], log):
+        thread = spool.thread_of(delivery_id(picture.incident_id, sink.spec))
+        if thread is None:
+            log(f"timeline to {sink.spec.name}: no thread (the report is not posted)")
+            continue
+        said = kind.upload(sink, thread, picture.path, picture.title, redactor)
+        log(f"timeline to {sink.spec.name}: {said}")
 
 
 def deliver_spooled(spool_dir: Path, log: Callable[[str], None]) -> tuple[int, int]:

@@ -165,6 +165,10 @@ def _rank_entry(rank: RankEvidence, activity: Activity | None) -> dict[str, Any]
         entry["gpu"] = rank.gpu
     if rank.cpu_utilization is not None:
         entry["cpu_utilization"] = round(rank.cpu_utilization, 3)
+    if rank.kernel_waits:
+        entry["kernel_waits"] = rank.kernel_waits
+    if rank.children:
+        entry["children"] = rank.children
     return entry
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from areal_watchdog.common.rankset import format_ranks, worker_label
 from areal_watchdog.diagnose.render import collective_lines
+from areal_watchdog.evidence.kernel_wait import KernelWait
 from areal_watchdog.report.build import SERVER_FIELDS
 
 
@@ -33,8 +34,8 @@ def _server_lines(report: dict[str, Any]) -> list[str]:
 
 def render_markdown(report: dict[str, Any]) -> str:
     """A report a person reads first: verdict, groups, ranks, then where the files are."""
-    sections = (_header, _timeline, _groups, _ranks, _workers, _server_lines, _collectives,
-                _replay, _files)  # fmt: skip
+    sections = (_header, _timeline, _groups, _ranks, _waits, _workers, _server_lines,
+                _collectives, _replay, _files)  # fmt: skip
     return "\n".join(line for section in sections for line in section(report)) + "\n"
 
 
@@ -107,6 +108,34 @@ def _ranks(report: dict[str, Any]) -> list[str]:
     if report.get("unanswered_nodes"):
         lines += ["", f"Nodes that did not answer: {', '.join(report['unanswered_nodes'])}"]
     return lines
+
+
+def _waits(report: dict[str, Any]) -> list[str]:
+    """What the blocked processes wait on in the kernel, and the children they started."""
+    lines = []
+    for process in [*report["ranks"], *(report.get("workers") or [])]:
+        who = f"rank {process['rank']}" if process.get("rank") is not None else (
+            f"{process.get('role', 'process')} {process.get('index', '')}".strip())  # fmt: skip
+        waits = process.get("kernel_waits") or []
+        if waits and (waits[0]["state"] == "D" or waits[0]["path"] or len(waits) > 1):
+            lines += [f"- {who} (pid {process['pid']}): {wait_phrase(w)}" for w in waits[:4]]
+        waiting = bool(waits) and waits[0]["syscall"] in ("wait4", "waitid")
+        for child in process.get("children") or []:
+            if not (waiting or child["state"] == "D" or child.get("cpu_utilization", 0) >= 0.3):
+                continue  # an idle DataLoader worker is not what anything waits on
+            where = child["frames"][0] if child["frames"] else None
+            at = f", at {where['name']} ({where['file']}:{where['line']})" if where else ""
+            wait = child.get("kernel_wait")
+            lines.append(
+                f"- {who} (pid {process['pid']}) started pid {child['pid']}: `{child['command']}`"
+                f"{', ' + wait_phrase(wait) if wait else ''}{at}"
+            )
+    return ["", "## What the processes wait on", "", *lines] if lines else []
+
+
+def wait_phrase(wait: dict[str, Any]) -> str:
+    """``D (uninterruptible) in read() on /mnt/x (fuse, mounted at /mnt)``, from a report."""
+    return KernelWait.from_dict(wait).phrase()
 
 
 def _workers(report: dict[str, Any]) -> list[str]:

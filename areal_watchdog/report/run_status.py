@@ -10,17 +10,20 @@ from typing import Any
 
 from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.rankset import format_ranks
+from areal_watchdog.rundir.late_finish import LateFinish
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.rundir.node_status import node_statuses
 from areal_watchdog.rundir.pace import Pace, answer
 
 
 def status_lines(run_dir: Path, now: float) -> list[str]:
-    """One line per node, then one per recent report (the newest four, incidents and the
+    """One line per node, one per late finish (what a sidecar still draws or sends after the
+    job's end), then one per recent report (the newest four, incidents and the
     suspected looks nobody was paged for, by time)."""
     statuses = node_statuses(run_dir)
     lines = [*_pace_lines(statuses, now), *(_node_line(status, now) for status in statuses)]
     layout = RunLayout(run_dir)
+    lines += [late.line(now) for late in LateFinish.read_all(layout)]
     reports = [
         *layout.incidents_dir.glob("*/report.json"),
         *layout.suspected_dir.glob("*/report.json"),

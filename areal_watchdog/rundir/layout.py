@@ -148,6 +148,14 @@ class RunLayout:
         return self.watch_dir / "finished.json"
 
     @property
+    def late_finish_dir(self) -> Path:
+        """One ``LateFinish`` record per node whose sidecar left work after the job's end."""
+        return self.watch_dir / "late_finish"
+
+    def late_finish(self, node: str) -> Path:
+        return self.late_finish_dir / f"{node}.json"
+
+    @property
     def slurm_job_file(self) -> Path:
         """The Slurm job that runs this run directory (``slurm`` backend), for status/cancel."""
         return self.watch_dir / "slurm_job.json"

@@ -1,7 +1,8 @@
 """The timelines of posted incidents, each drawn by a process of its own once its report is
 posted (``report/picture.py``): a picture is never why a report is late. The sidecar reaps them
-each poll and waits for the ones still drawing before it exits, and each dies with the sidecar,
-so nothing of ours outlives the job."""
+each poll; at its exit it waits a few seconds for the ones still drawing and hands the rest to
+its late finish (``late_finish.py``): a picture never holds the launcher. Each dies with the
+sidecar."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ from pathlib import Path
 
 from areal_watchdog.common.parent import die_with_parent
 from areal_watchdog.notify.notifier import Picture
-
-DRAW_WAIT_S = 30.0  # at the sidecar's exit: matplotlib's import and a drawing take 2-5 s here
 
 
 class Drawings:
@@ -53,13 +52,17 @@ class Drawings:
                 title = f"Timeline of {folder.name}"
                 self.on_drawn(Picture(folder.name, folder / "timeline.png", title))
 
-    def wait(self, timeout: float = DRAW_WAIT_S) -> None:
-        """Let the drawings still running finish, at most ``timeout`` s; end the rest."""
-        deadline = time.monotonic() + timeout
+    def settle(self, deadline: float) -> list[Path]:
+        """Let the drawings still running finish until ``deadline`` (monotonic); end the rest
+        and return their incident folders, for a late finish to draw again."""
+        unfinished = []
         for proc in self.running:
             try:
                 proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+                unfinished.append(Path(proc.args[-1]))
+        self.running = [p for p in self.running if Path(p.args[-1]) not in unfinished]
         self.reap()
+        return unfinished

@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_watchdog.evidence.counters import real_data
 from areal_watchdog.evidence.in_flight import InFlight, sense
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.watch.node import NodeWatch
@@ -88,10 +87,9 @@ class InFlightSensor:
         if silent_for < sense_after(median if isinstance(median, (int, float)) else None):
             self.forget()
             return
-        working = [r for r, w in watch.live.items() if w.windows and real_data(*w.windows[-1][1:])]
         gpus = watch.gpus
         gpu_busy = any(gpus.state(g) == "working" for g in gpus.last)
-        self.sense(now, sorted(watch.live), sorted(working), gpu_busy)
+        self.sense(now, sorted(watch.live), watch.ranks_at_work(), gpu_busy)
 
     def sense(self, now: float, ranks: list[int], working: list[int], gpu_busy: bool) -> None:
         """Ask this node's ranks (``working``: those that moved real data in their last poll

@@ -4,16 +4,25 @@ a launcher gone (everything of the run ended). A part of ``Sidecar``, kept apart
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.evidence.trigger import Trigger
 from areal_watchdog.rundir.hang_request import HangRequest
+from areal_watchdog.rundir.late_finish import LateFinish
 from areal_watchdog.rundir.records import read_run_record
 from areal_watchdog.rundir.run_processes import kill_run_processes
+from areal_watchdog.watch.late_finish import LATE_FINISH_LIMIT_S
 from areal_watchdog.watch.scheduler import end_orphans
+
+# Seconds from the job's end (as this sidecar saw it) for its own drawings and sends; the
+# launcher returns within 10 s of the job's end, whatever the sidecar still has to do.
+EXIT_BUDGET_S = 4.0
 
 
 class JobEnd:
@@ -72,6 +81,53 @@ class JobEnd:
         )
         self.publish("finished")
         self.done = True
+
+    def wind_down(self) -> None:
+        """The job ended: the drawings and notifications still under way get until
+        ``EXIT_BUDGET_S`` after the job's end (half a second when a signal ended us); what is
+        left then goes on in a late finish, detached and bounded."""
+        now = time.monotonic()
+        budget = 0.5 if self.stopping else EXIT_BUDGET_S
+        deadline = max((self.exited_at or now) + budget, now + 0.2)
+        drawings = self.incidents.drawings
+        running = len(drawings.running) if drawings is not None else 0
+        seen = self.exited_at
+        since = f"{now - seen:.1f} s after the job's end was seen" if seen else "on a signal"
+        self.log(f"finishing {since}: {running} timeline(s) drawing, notifications until "
+                 f"{deadline - now:.1f} s from now")  # fmt: skip
+        redraw = drawings.settle(deadline) if drawings is not None else []
+        pictures = self.notifier.close(max(0.0, deadline - time.monotonic()))
+        unsent = self.notifier.unsent()
+        if redraw or pictures or unsent:
+            self.start_late_finish(redraw, [p.path.parent for p in pictures], unsent)
+        else:
+            self.log(f"finished {time.monotonic() - now:.1f} s later: nothing left to draw or send")
+
+    def start_late_finish(self, redraw: list[Path], upload: list[Path], unsent: int) -> None:
+        """Hand the rest to ``watch/late_finish.py``, recorded for ``areal-launch status``."""
+        waiting = [f"drawing the timeline of {f.name}" for f in redraw]
+        waiting += [f"uploading the timeline of {f.name}" for f in upload]
+        waiting += [f"sending {unsent} notification(s) from the spool"] if unsent else []
+        argv = [sys.executable, "-m", "areal_watchdog.watch.late_finish",
+                "--run-dir", str(self.layout.run_dir), "--node", self.node]  # fmt: skip
+        argv += [a for f in redraw for a in ("--draw", str(f))]
+        argv += [a for f in upload for a in ("--upload", str(f))]
+        try:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+            now = time.time()
+            record = LateFinish(self.info.run_id, self.node, proc.pid, now,
+                                now + LATE_FINISH_LIMIT_S + 5, tuple(waiting))  # fmt: skip
+            record.write(self.layout)
+        except OSError as exc:
+            self.say(f"job over; left undone ({exc.strerror or exc}): {'; '.join(waiting)}")
+            return
+        self.say(
+            f"job over; a late finish (pid {proc.pid}, at most {LATE_FINISH_LIMIT_S:g} s) goes "
+            f"on with: {'; '.join(waiting)}"
+        )
 
     def on_job_ending(self) -> None:
         """A signal arrived (Slurm is ending the job). Every sidecar that gets it says so in its

@@ -51,6 +51,7 @@ class Leader:
             in_flight_op=op,
             silent_nodes=tuple(silent),
             servers_refusing=self.servers_refusing(),
+            in_kernel_for=self.in_kernel_for(now),
             ended_nodes=len([n for n in exits if n in job_nodes]),
             n_nodes=len(job_nodes),
             silent_job_nodes=len([n for n in silent if n in job_nodes]),
@@ -84,6 +85,11 @@ class Leader:
             self.say(
                 f"inference server(s) {', '.join(action.servers)} refuse connections: gathering "
                 f"evidence from {alive}"
+            )
+        elif action.trigger is Trigger.IN_KERNEL:
+            self.say(
+                f"ranks blocked in the kernel (state D) for {self.in_kernel_for(now):.0f} s with "
+                f"nothing moving: gathering evidence from {alive}"
             )
         elif action.trigger is Trigger.STALL:
             self.say(
@@ -122,6 +128,16 @@ class Leader:
             if node != self.node:
                 found |= {str(a) for a in status.get("servers_refusing") or []}
         return tuple(sorted(found))
+
+    def in_kernel_for(self, now: float) -> float:
+        """How long the longest-blocked rank of the job, on any node, has been in state D with
+        nothing moving (0: none is)."""
+        since = list(self.watch.in_kernel_since().values())
+        for node, status in self.statuses.items():
+            if node != self.node:
+                since += [float(t) for t in (status.get("ranks_in_kernel_since") or {}).values()
+                          if isinstance(t, (int, float))]  # fmt: skip
+        return now - min(since) if since else 0.0
 
     def gpus_quiet_for(self, now: float) -> float:
         """How long every GPU of the job, on every node that has GPUs, has done no work."""

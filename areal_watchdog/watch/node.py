@@ -12,12 +12,14 @@ from typing import Any
 
 import psutil
 
-from areal_watchdog.evidence.counters import Counters, rates, read_counters
+from areal_watchdog.evidence.counters import Counters, at_work, rates, read_counters
 from areal_watchdog.evidence.discovery import JobProcess, Scope, discover, helpers
 from areal_watchdog.evidence.flight_recorder import collect
 from areal_watchdog.evidence.gather import GatherSettings, exit_info, gather_node, gather_workers
 from areal_watchdog.evidence.gpu import GpuBackend, IdleTracker, NoGpu
-from areal_watchdog.evidence.model import RankEvidence
+from areal_watchdog.evidence.kernel_wait import kernel_waits
+from areal_watchdog.evidence.model import BLOCKED, RUNNING, RankEvidence
+from areal_watchdog.evidence.process_tree import TreeMeter, TreeRates, describe_children
 from areal_watchdog.evidence.rollout import gather_rollout
 from areal_watchdog.evidence.sockets import tcp_bytes
 from areal_watchdog.rundir.layout import RunLayout
@@ -36,9 +38,14 @@ class _Watched:
     window: Counters  # the reading the rates are taken from (at least ``MIN_CPU_WINDOW`` old)
     utilization: float | None = None  # cores busy over the last window
     counters: Counters | None = None  # the newest reading (a look reports it)
-    windows: deque[tuple[float, float, float]] = field(
+    # (end, bytes read and written a second, bytes to and from storage a second, cores its
+    # descendants burned): the process's own and its descendants' together
+    windows: deque[tuple[float, float, float, float]] = field(
         default_factory=lambda: deque(maxlen=WINDOWS_KEPT)
-    )  # (end, bytes read and written a second, bytes to and from storage a second)
+    )
+    tree: TreeMeter | None = None  # its descendants (DataLoader workers, a copy subprocess)
+    parts: frozenset[int] = frozenset()  # the node's other watched processes: not its tree
+    kernel_since: float | None = None  # in state D at every poll since, with no work moving
 
     @classmethod
     def start(cls, proc: JobProcess, now: float) -> _Watched | None:
@@ -47,13 +54,16 @@ class _Watched:
         except psutil.Error:
             return None
         counters = read_counters(handle, now)
-        return cls(proc, handle, counters, counters=counters) if counters else None
+        if counters is None:
+            return None
+        return cls(proc, handle, counters, counters=counters, tree=TreeMeter(proc.pid))
 
     def sample(self, now: float) -> bool:
-        """Read the counters (CPU time, I/O, context switches); False once the process is
-        gone."""
+        """Read the counters (CPU time, I/O, context switches), its descendants' too; False
+        once the process is gone."""
         try:
-            if not self.handle.is_running() or self.handle.status() == psutil.STATUS_ZOMBIE:
+            status = self.handle.status()
+            if not self.handle.is_running() or status == psutil.STATUS_ZOMBIE:
                 return False
         except psutil.Error:
             return False
@@ -63,10 +73,15 @@ class _Watched:
         self.counters = counters
         if now - self.window.at >= MIN_CPU_WINDOW:  # shorter windows give noisy rates
             found = rates(self.window, counters)
+            kids = self.tree.window(now, self.parts) if self.tree else TreeRates()
             self.utilization = found["cpu"] if found else None
             self.window = counters
             if found and "io" in found:
-                self.windows.append((now, found["io"], found.get("disk", 0.0)))
+                io, disk = found["io"] + kids.io, found.get("disk", 0.0) + kids.disk
+                self.windows.append((now, io, disk, kids.cpu))
+        moving = bool(self.windows) and at_work(*self.windows[-1][1:])
+        in_kernel = status == psutil.STATUS_DISK_SLEEP and not moving
+        self.kernel_since = (self.kernel_since or now) if in_kernel else None
         return True
 
 
@@ -109,6 +124,9 @@ class NodeWatch:
                 self._adopt(self.live, self.gone, rank, proc, now)
             for pid, proc in found.workers.items():
                 self._adopt(self.workers, self.workers_gone, pid, proc, now)
+        parts = frozenset(w.proc.pid for w in (*self.live.values(), *self.workers.values()))
+        for watched in (*self.live.values(), *self.workers.values()):
+            watched.parts = parts
         for rank, watched in list(self.live.items()):
             if not watched.sample(now):
                 self.gone[rank] = watched.proc
@@ -161,7 +179,20 @@ class NodeWatch:
         for item in items:
             item.gpu = by_pid.get(item.pid) or by_index.get(item.local_rank)
             item.counters = counters.get(item.pid)
+        self.describe_trees(items, settings.timeout)
         return items
+
+    def describe_trees(self, items: list[RankEvidence], timeout: float) -> None:
+        """Each live process's kernel wait and its descendants (what a blocked rank waits on:
+        the copy it started, its DataLoader workers), as the poll's tree found them."""
+        trees = {w.proc.pid: w.tree for w in (*self.live.values(), *self.workers.values())}
+        for item in items:
+            if item.pid is None or item.state not in (BLOCKED, RUNNING):
+                continue
+            item.kernel_waits = [w.to_dict() for w in kernel_waits(item.pid)]
+            tree = trees.get(item.pid)
+            if tree is not None and tree.pids():
+                item.children = describe_children(tree.pids(), tree.cpu, min(timeout, 2.0))
 
     def worker_evidence(self, settings: GatherSettings) -> list[RankEvidence]:
         """A stack from every other live part of the job here and from the helpers the parts
@@ -175,6 +206,7 @@ class NodeWatch:
         counters = self.counters()
         for item in items:
             item.counters = counters.get(item.pid)
+        self.describe_trees(items, settings.timeout)
         return items
 
     def counters(self) -> dict[int | None, dict[str, Any]]:
@@ -187,9 +219,23 @@ class NodeWatch:
         for process in watched:
             if process.counters is not None:
                 windows = [[round(v, 3) for v in w] for w in process.windows]
-                found[process.proc.pid] = {**process.counters.to_dict(), "io_windows": windows,
-                                           "tcp_bytes": tcp.get(process.proc.pid)}  # fmt: skip
+                since = process.kernel_since
+                found[process.proc.pid] = {
+                    **process.counters.to_dict(), "io_windows": windows,
+                    "tcp_bytes": tcp.get(process.proc.pid),
+                    "kernel_blocked_s": round(process.counters.at - since, 2) if since else 0.0,
+                }  # fmt: skip
         return found
+
+    def in_kernel_since(self) -> dict[int, float]:
+        """The live ranks in state D at every poll with nothing moving, and since when (a rank
+        blocked on storage that does not answer: ``diagnose.storage``)."""
+        return {r: w.kernel_since for r, w in self.live.items() if w.kernel_since is not None}
+
+    def ranks_at_work(self) -> list[int]:
+        """The live ranks whose last poll window shows work by them or their descendants
+        (``evidence.counters.at_work``): the in-flight sensor's "nothing moving data"."""
+        return sorted(r for r, w in self.live.items() if w.windows and at_work(*w.windows[-1][1:]))
 
     def cpu(self) -> dict[int, float]:
         """Recent CPU use by pid."""
@@ -259,6 +305,7 @@ class NodeWatch:
             "workers_alive": sorted(w.proc.label() for w in self.workers.values()),
             "servers": self.pulse.summary(),
             "servers_refusing": self.servers_refusing(),
+            "ranks_in_kernel_since": {str(r): t for r, t in self.in_kernel_since().items()},
             "gpu_use": self.gpu_use(),
         }
 

@@ -42,7 +42,7 @@ from typing import Any
 from areal_watchdog.common.rankset import ranks_phrase
 from areal_watchdog.diagnose.activity import ROLLOUT_CALLS, work_thread
 from areal_watchdog.diagnose.frames import bare
-from areal_watchdog.evidence.counters import real_data
+from areal_watchdog.evidence.counters import children_work, real_data
 from areal_watchdog.evidence.model import BLOCKED, RUNNING, Evidence, RankEvidence
 
 # Causes whose processes keep moving while nothing progresses.
@@ -83,8 +83,9 @@ class Marks:
     completed: dict[int, int]
     servers: dict[str, ServerWork]
     gpus: dict[int, GpuWork] = field(default_factory=dict)  # rank -> its GPU
-    # pid -> its I/O rate windows (end, bytes read and written a second, bytes to storage)
-    io: dict[int, tuple[tuple[float, float, float], ...]] = field(default_factory=dict)
+    # pid -> its rate windows (end, bytes read and written a second, bytes to storage a
+    # second, cores its descendants burned), its descendants' bytes included
+    io: dict[int, tuple[tuple[float, float, float, float], ...]] = field(default_factory=dict)
     labels: dict[int, str] = field(default_factory=dict)  # pid -> ``rank 0``, for people
     tcp: dict[int, tuple[float, int]] = field(default_factory=dict)  # pid -> (at, TCP bytes)
 
@@ -184,14 +185,23 @@ def busy_io(first: Marks, second: Marks) -> list[str]:
         since = max((w[0] for w in first.io[pid]), default=0.0)
         between = [w for w in windows if w[0] > since]
         busy = [w for w in between if real_data(w[1], w[2])]
-        if len(between) < 2 or len(busy) * 2 <= len(between):
+        working = [w for w in between if children_work(w[3])]
+        if len(between) < 2:
             continue
-        rate = max(statistics.median(w[1] for w in busy), statistics.median(w[2] for w in busy))
-        found.append(
-            f"{_who(second, pid)} read or wrote {rate / 1e6:.1f} MB/s in {len(busy)} of "
-            f"{len(between)} polls since the first look (a checkpoint, a dataset read): busy, "
-            "not hung"
-        )
+        if len(busy) * 2 > len(between):
+            rate = max(statistics.median(w[1] for w in busy), statistics.median(w[2] for w in busy))
+            found.append(
+                f"{_who(second, pid)} read or wrote {rate / 1e6:.1f} MB/s in {len(busy)} of "
+                f"{len(between)} polls since the first look, its child processes' included (a "
+                "checkpoint, a dataset read, a copy): busy, not hung"
+            )
+        elif len(working) * 2 > len(between):
+            cores = statistics.median(w[3] for w in working)
+            found.append(
+                f"the child processes of {_who(second, pid)} worked ({cores:.1f} cores in "
+                f"{len(working)} of {len(between)} polls since the first look: DataLoader "
+                "workers, a subprocess it waits for): busy, not hung"
+            )
     return found + _busy_tcp(first, second)
 
 
@@ -222,15 +232,16 @@ def _tcp(process: RankEvidence) -> tuple[float, int] | None:
     return None
 
 
-def _windows(process: RankEvidence) -> tuple[tuple[float, float, float], ...]:
+def _windows(process: RankEvidence) -> tuple[tuple[float, float, float, float], ...]:
+    """Its rate windows; one recorded before descendants were counted has no fourth value."""
     counters = process.counters or {}
     found = []
     for window in counters.get("io_windows") or []:
         try:
-            at, io, disk = (float(v) for v in window)
+            at, io, disk, *children = (float(v) for v in window)
         except (TypeError, ValueError):
             continue
-        found.append((at, io, disk))
+        found.append((at, io, disk, children[0] if children else 0.0))
     return tuple(found)
 
 

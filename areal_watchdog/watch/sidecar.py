@@ -52,7 +52,6 @@ from areal_watchdog.watch.status_publisher import StatusPublisher
 from areal_watchdog.watch.step_log import StepLogTail
 from areal_watchdog.watch.triggers import Reported
 
-NOTIFY_FINISH_TIMEOUT = 30.0  # seconds to finish sending before the rest waits in the spool
 FOLLOWER_LINGER = 60.0  # seconds a finished follower keeps answering a leader that has not finished
 REQUEST_LOOK, REQUEST_WINDOW = 0.3, 1.0  # seconds: a follower's looks for the request, how long
 
@@ -179,9 +178,7 @@ class Sidecar(JobEnd, Leader, ProgressWatch, StatusPublisher):
                     self.guarded(lambda _now: self.on_job_ending(), time.time())
         if self.metrics is not None:
             self.metrics.close()
-        if self.incidents.drawings is not None:
-            self.incidents.drawings.wait()  # their pictures go out with what is queued
-        self.notifier.close(timeout=NOTIFY_FINISH_TIMEOUT)
+        self.wind_down()
         return 0
 
     def measured(self, poll_seconds: float) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from areal_watchdog.diagnose.storage import BLOCKED_IN_KERNEL_S
 from areal_watchdog.evidence.trigger import Trigger
 
 
@@ -43,6 +44,7 @@ class Snapshot:
     in_flight_op: str  # that collective's operation
     silent_nodes: tuple[str, ...]  # peers that stopped answering
     servers_refusing: tuple[str, ...]  # inference servers that answered once and now refuse
+    in_kernel_for: float  # the longest any rank is in state D with nothing moving (0: none)
     ended_nodes: int  # nodes whose job ended (exit record written)
     n_nodes: int  # nodes whose end is the job's end (AReaL on Slurm: the controller's host)
     silent_job_nodes: int  # of those, how many stopped answering
@@ -74,8 +76,8 @@ def decide(snap: Snapshot, reported: Reported) -> tuple[list[Action], Reported]:
     """The leader's actions for this poll, in order, and the new ``Reported`` state."""
     actions: list[Action] = []
     rules = (
-        _node_silent, _job_ended, _rank_exited, _server_refused, _gpu_idle, _in_flight,
-        _suspected, _stall,
+        _node_silent, _job_ended, _rank_exited, _server_refused, _in_kernel, _gpu_idle,
+        _in_flight, _suspected, _stall,
     )  # fmt: skip
     for rule in rules:
         action, reported = rule(snap, reported)
@@ -131,6 +133,16 @@ def _server_refused(snap: Snapshot, reported: Reported) -> Rule:
         return None, reported
     action = Action(trigger=Trigger.SERVER_REFUSED, servers=snap.servers_refusing)
     return action, replace(reported, silence=True)
+
+
+def _in_kernel(snap: Snapshot, reported: Reported) -> Rule:
+    """Ranks blocked in the kernel (state D) with nothing moving for ``BLOCKED_IN_KERNEL_S``: a
+    look now, warm-up or not (storage that stopped answering holds every step that reads it)."""
+    if snap.ending_on_purpose or reported.silence or reported.failure or not _running(snap):
+        return None, reported
+    if snap.in_kernel_for < BLOCKED_IN_KERNEL_S:
+        return None, reported
+    return Action(trigger=Trigger.IN_KERNEL), replace(reported, silence=True)
 
 
 def _gpu_idle(snap: Snapshot, reported: Reported) -> Rule:

@@ -11,18 +11,31 @@ hang demo's ``demo.phases`` (``checkpoint@3,cpu_eval@6``: a phase and the step i
               ``demo.phase_time`` seconds (a dataset shard read at the start of an epoch)
   upload      ``demo.phase_rank`` posts ``demo.phase_mb`` MB to ``demo.phase_url`` (a slow
               endpoint: ``tests/slow_endpoint.py``) while the others wait in all_reduce
+  child_checkpoint  ``demo.phase_rank`` hands its checkpoint to a child process (as ``aws s3
+              cp``, ``gsutil``, ``rsync`` or an uploader would) and waits for it: the child
+              writes ``demo.phase_mb`` MB in fsync'd 1 MB chunks over ``demo.phase_time``
+              seconds, while the others wait in all_reduce
+  loader_work every rank (or those of ``demo.eval_ranks``) waits for a batch while its
+              DataLoader worker spends ``demo.phase_time`` seconds of CPU on one long document
+
+Where ``demo.shard_dir`` names a directory, every rank reads its next 1 MB of
+``<shard_dir>/shard-<rank>.bin`` at every step (a dataset on shared storage: the storage stall
+of ``tests/fuse_storage.py`` is a FUSE filesystem there that stops answering).
 """
 
 from __future__ import annotations
 
 import http.client
 import os
+import subprocess
+import sys
 import tempfile
 import time
 import urllib.parse
 from pathlib import Path
 
 import torch
+from torch.utils.data import DataLoader, Dataset
 
 CHUNK = 1 << 20
 
@@ -58,6 +71,44 @@ def run(name: str, settings: dict, rank: int, shard: Path | None) -> None:
         read_shard(shard, seconds)
     elif name == "upload" and rank == int(settings["phase_rank"]):
         upload(str(settings["phase_url"]), megabytes)
+    elif name == "child_checkpoint" and rank == int(settings["phase_rank"]):
+        subprocess.run([sys.executable, "-c", CHILD_WRITER, str(megabytes), str(seconds)],
+                       check=True)  # fmt: skip
+    elif name == "loader_work" and chosen(settings["eval_ranks"], rank):
+        next(iter(DataLoader(LongDocument(seconds), batch_size=1, num_workers=1)))
+
+
+CHILD_WRITER = """
+import os, sys, tempfile, time
+megabytes, seconds = int(sys.argv[1]), float(sys.argv[2])
+with tempfile.TemporaryFile() as fh:
+    for _ in range(megabytes):
+        fh.write(os.urandom(1 << 20)); fh.flush(); os.fsync(fh.fileno())
+        time.sleep(seconds / max(1, megabytes))
+"""
+
+
+class LongDocument(Dataset):
+    """One item that takes ``seconds`` of CPU to prepare (tokenising a very long document)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        end, total = time.time() + self.seconds, 0
+        while time.time() < end:
+            total += sum(ord(c) for c in "a long document " * 64)
+        return torch.tensor([float(total % 7)])
+
+
+def read_next(shard_dir: str, rank: int, step: int) -> None:
+    """This step's 1 MB of the rank's shard on shared storage (``demo.shard_dir``)."""
+    with open(os.path.join(shard_dir, f"shard-{rank}.bin"), "rb") as fh:
+        fh.seek((step - 1) * CHUNK)
+        fh.read(CHUNK)
 
 
 def chosen(ranks: int | list[int], rank: int) -> bool:

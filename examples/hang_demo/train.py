@@ -13,6 +13,8 @@ at ``demo.hang_step``:
   p2p_mismatch         the rank waits in recv for a send that never comes
   crash                the rank raises an exception
   quiet_exit           the rank exits with code 0 while the others go on
+  child_blocked        the rank runs a helper command that asks a question nobody answers
+                       (its stdin a pipe nobody writes to) and waits for it forever
   node_lost            the rank freezes its whole node (every process of this Slurm job on it,
                        the watchdog's sidecar too) at once, as a power cut or a kernel hang
                        does: nothing there answers again, and no connection is closed
@@ -36,6 +38,7 @@ import datetime
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -116,6 +119,8 @@ class Trainer:
             dist.recv(buffer, src=(self.rank + 1) % self.world)
         if misbehave == "straggler":
             busy_reward_model()
+        if misbehave == "child_blocked":
+            ask_nobody()
         if misbehave == "collective_stuck":
             freeze_soon(0.5)
         if misbehave == "node_lost":
@@ -135,6 +140,12 @@ def busy_reward_model() -> None:
     total = 0
     while True:  # a reward computation that never finishes
         total += 1
+
+
+def ask_nobody() -> None:
+    """A helper command that prompts and waits for an answer that never comes."""
+    prompt = "printf 'overwrite the checkpoint? [y/N] ' >&2; read answer"
+    subprocess.Popen(["sh", "-c", prompt], stdin=subprocess.PIPE).wait()
 
 
 def freeze_soon(delay: float) -> None:
@@ -249,6 +260,7 @@ def main() -> None:
         "phase_rank": 0,
         "eval_ranks": -1,
         "phase_url": "",
+        "shard_dir": "",
     }
     settings.update(config.get("demo") or {})
     rank = int(os.environ["RANK"])
@@ -291,6 +303,8 @@ def main() -> None:
                 time.sleep(settings["slow_time"])  # slow, unannounced, and then fine again
             if step in slow_phases:  # silent, slow, healthy (phases.py)
                 phases.run(slow_phases[step], settings, rank, shard)
+            if settings["shard_dir"]:
+                phases.read_next(settings["shard_dir"], rank, step)
             time.sleep(settings["step_time"])
             if misbehave == "cleanup_deadlock":
                 break  # a rank-local early-stopping decision: the others go on

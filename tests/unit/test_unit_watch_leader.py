@@ -87,7 +87,7 @@ class Node(JobEnd, Leader):
         self.watch = SimpleNamespace(
             live=dict.fromkeys(live), gone=dict.fromkeys(gone), workers={},
             gpus=SimpleNamespace(last=[], quiet_since=None), finished_ranks=lambda: set(done),
-            servers_refusing=list,
+            servers_refusing=list, in_kernel_since=dict,
         )  # fmt: skip
         self.coordinator = FakeCoordinator()
         self.incidents = FakeIncidents()

@@ -75,7 +75,7 @@ def test_a_rank_is_found_its_stack_taken_and_its_end_noticed(tmp_path: Path) -> 
         assert watch.summary() == {
             "ranks_alive": {"0": rank.pid}, "ranks_gone": [], "ranks_done": [],
             "workers_alive": [], "servers": None, "servers_refusing": [],
-            "gpu_use": None,  # no server, no GPU here
+            "gpu_use": None, "ranks_in_kernel_since": {},  # no server, no GPU, not in D
         }  # fmt: skip
         assert watch.pids() == [rank.pid] and watch.local_ranks() == [0]
         time.sleep(0.1)  # until the rank is inside its script

@@ -20,7 +20,7 @@ from typing import TextIO
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.job import prepare_run_dir
-from areal_watchdog.launch.local import SIDECAR_FINISH_GRACE, cancel_verdict
+from areal_watchdog.launch.local import JOB_END_BUDGET_S, cancel_verdict
 from areal_watchdog.launch.plan import LaunchPlan
 from areal_watchdog.launch.processes import Interrupts
 from areal_watchdog.launch.ray.guardian import start_guardian
@@ -125,7 +125,7 @@ class RayRun:
         """The sidecars' last word (``finished.json``), for a while."""
         if not self.plan.of_kind("watchdog"):
             return
-        deadline = time.monotonic() + SIDECAR_FINISH_GRACE
+        deadline = time.monotonic() + JOB_END_BUDGET_S
         while time.monotonic() < deadline:
             self.tails.pump()
             if read_run_record(self.layout.finished_file, self.plan.run_id) is not None:

@@ -1,0 +1,100 @@
+"""Storage that stopped answering, and what a blocked rank waits on: judged from what the
+kernel said of each process at the look (``evidence.kernel_wait``) and how long the sidecar's
+polls saw it blocked there with no data moving (``kernel_blocked_s`` in its counters).
+
+A rank in ``read()``, ``write()``, ``open()`` or ``stat()`` on a mount, in state ``D`` for
+``BLOCKED_IN_KERNEL_S`` with no byte moving, waits on a server that does not answer (a dead
+NFS, Lustre or FUSE server): proof at the first look, naming the mount, its filesystem and the
+file. A rank only passing through ``D`` (a page-cache miss, an fsync that completes) is never
+in it that long with nothing moving. Pure: plain evidence in, a verdict out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from areal_watchdog.common.rankset import ranks_phrase
+from areal_watchdog.diagnose.phrases import cap, is_are
+from areal_watchdog.diagnose.verdict import Verdict
+from areal_watchdog.evidence.kernel_wait import KernelWait
+from areal_watchdog.evidence.model import BLOCKED, RUNNING, Evidence, RankEvidence
+
+WAIT_CALLS = frozenset({"wait4", "waitid"})  # a process waiting for a child to end
+BLOCKED_IN_KERNEL_S = 8.0  # in D with no data moving this long: the storage does not answer
+CANCEL_NOTE = (
+    "A cancel ends ranks in D only where the wait is killable (FUSE and NFS waits are: the "
+    "ranks end at once); elsewhere not before the storage answers. Check the storage server "
+    "and the mount (`mount | grep {mount}`) before restarting."
+)
+
+
+def storage_wait(process: RankEvidence) -> KernelWait | None:
+    """The process's wait on storage, if the sidecar saw it blocked in the kernel with no data
+    moving for ``BLOCKED_IN_KERNEL_S`` and it waits in a filesystem call on a mount now."""
+    blocked = (process.counters or {}).get("kernel_blocked_s")
+    if not isinstance(blocked, (int, float)) or blocked < BLOCKED_IN_KERNEL_S:
+        return None
+    for entry in process.kernel_waits:
+        wait = KernelWait.from_dict(entry)
+        if wait.state == "D" and wait.on_storage:
+            return wait
+    return None
+
+
+def storage_stall(evidence: Evidence) -> Verdict | None:
+    """Ranks blocked on one mount that stopped answering; the others wait on them."""
+    stuck: dict[tuple[str, str], list[tuple[int, KernelWait]]] = {}
+    for rank in evidence.ranks:
+        if rank.state in (BLOCKED, RUNNING) and (wait := storage_wait(rank)) is not None:
+            stuck.setdefault((wait.mount, wait.fstype), []).append((rank.rank or 0, wait))
+    if not stuck:
+        return None
+    ranks_waits = max(stuck.values(), key=len)
+    culprits = sorted(r for r, _ in ranks_waits)
+    wait = ranks_waits[0][1]
+    alive = [r.rank for r in evidence.ranks if r.state in (BLOCKED, RUNNING)]
+    others = [r for r in alive if r not in culprits]
+    behind = f"; {ranks_phrase(others)} wait on them" if others else ""
+    source = f" from {wait.source}" if wait.source and wait.source != wait.fstype else ""
+    files = sorted({w.path for _, w in ranks_waits})
+    more = f" (and {len(files) - 1} other file(s))" if len(files) > 1 else ""
+    return Verdict(
+        "storage_stall",
+        0.9,
+        culprits,
+        f"{cap(ranks_phrase(culprits))} {is_are(culprits)} blocked in the kernel on storage "
+        f"that stopped answering: {wait.syscall}() on {wait.path}{more}, a {wait.fstype} "
+        f"filesystem mounted at {wait.mount}{source}, state D with no data moving{behind}. "
+        + CANCEL_NOTE.format(mount=wait.mount),
+    )
+
+
+def children_note(verdict: Verdict, evidence: Evidence) -> str:
+    """What the blocked culprit ranks that wait for a child (wait4, waitid) wait on: ``Rank 1
+    waits on its child pid 7 (`sh -c read answer`): S (sleeping) in read() on pipe:[5]``."""
+    notes = []
+    for rank in evidence.ranks:
+        if rank.rank not in verdict.culprit_ranks or rank.state != BLOCKED or not rank.children:
+            continue
+        main = KernelWait.from_dict(rank.kernel_waits[0]) if rank.kernel_waits else None
+        if main is None or main.syscall not in WAIT_CALLS:
+            continue  # blocked elsewhere: its children (a DataLoader worker) are not the story
+        child = waited_child(rank)
+        wait: Any = child.get("kernel_wait")
+        how = f": {KernelWait.from_dict(wait).phrase()}" if isinstance(wait, dict) else ""
+        notes.append(
+            f"Rank {rank.rank} waits on its child pid {child.get('pid')} "
+            f"(`{str(child.get('command'))[:120]}`){how}."
+        )
+    return " ".join(notes)
+
+
+def waited_child(process: RankEvidence) -> dict[str, Any]:
+    """The child the process waits for (its main thread in wait4/waitid on that pid), else
+    its newest direct child (a command it just ran), else its first descendant."""
+    main = KernelWait.from_dict(process.kernel_waits[0]) if process.kernel_waits else None
+    by_pid = {c.get("pid"): c for c in process.children}
+    if main is not None and main.waits_for in by_pid:
+        return by_pid[main.waits_for]
+    direct = [c for c in process.children if c.get("parent_pid") == process.pid]
+    return max(direct, key=lambda c: int(c.get("pid") or 0)) if direct else process.children[0]

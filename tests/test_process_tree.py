@@ -1,0 +1,93 @@
+"""A rank is its whole process tree and what the kernel says of it, on real torchrun jobs: a
+checkpoint copied by a child process and busy DataLoader workers are work (nobody is paged); a
+rank waiting forever on a child that waits for an answer is a straggler whose report names the
+child and where it waits; every rank blocked on a FUSE filesystem whose server stopped
+answering is a storage stall naming the mount and the file, and nothing of the run is left once
+the storage answers again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fuse_storage import FuseStorage, available
+
+from conftest import FAST, Launcher, suspected_looks
+
+pytestmark = pytest.mark.slow
+
+QUIET = [*FAST, "watchdog.on_hang=cancel", "launch.nproc_per_node=2", "demo.steps=6"]
+
+
+@pytest.mark.parametrize(
+    ("phase", "moved"),
+    [
+        ("child_checkpoint", "its child processes' included"),
+        ("loader_work", "the child processes of rank"),
+    ],
+)
+def test_work_in_a_ranks_children_is_movement(launcher: Launcher, phase: str, moved: str) -> None:
+    """The phase runs 12 s past a 3 s threshold; the job must finish, unpaged, and the looks
+    it took must say that the children moved."""
+    result = launcher.run(
+        [
+            *QUIET,
+            f"demo.phases={phase}@3",
+            "demo.phase_time=12",
+            "demo.phase_mb=60",
+            "demo.eval_ranks=-1",
+        ]  # fmt: skip
+    )
+    assert result.returncode == 0, result.output[-3000:]
+    assert result.reports == [], [r["summary"] for r in result.reports]
+    looks = suspected_looks(result.run_dir)
+    assert looks, "no look was taken: the phase did not run past the threshold"
+    said = [r.get("confirmation", {}).get("moved") or [] for r in looks]
+    assert any(moved in line for lines in said for line in lines), said
+
+
+def test_a_rank_waiting_on_a_blocked_child_names_the_child(launcher: Launcher) -> None:
+    result = launcher.run([*QUIET, "demo.hang=child_blocked", "demo.hang_rank=1"])
+    (report,) = result.reports
+    assert report["category"] == "straggler" and report["culprit_ranks"] == [1]
+    assert "waits on its child pid" in report["summary"] and "read()" in report["summary"]
+    (rank1,) = [r for r in report["ranks"] if r["rank"] == 1]
+    (child,) = [c for c in rank1["children"] if c["command"].startswith("sh -c")]
+    assert child["kernel_wait"]["syscall"] == "read" and child["parent_pid"] == rank1["pid"]
+    assert rank1["kernel_waits"][0]["syscall"] == "wait4"
+    markdown = (Path(report["files"]["incident_dir"]) / "report.md").read_text()
+    assert "## What the processes wait on" in markdown and "started pid" in markdown
+
+
+@pytest.mark.skipif(available() is not None, reason=str(available()))
+def test_storage_that_stops_answering_is_a_storage_stall(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """Every rank reads its next 1 MB of a shard on a FUSE mount at every step; from step 5 on
+    the server answers no read. The report names the mount, its filesystem and the files; the
+    cancel ends the ranks; once the storage answers again nothing of the run is left."""
+    mount = tmp_path / "shards"
+    storage = FuseStorage(mount, ranks=4, size_mb=16, freeze_at_mb=4)
+    try:
+        result = launcher.run(
+            [
+                *FAST,
+                "launch.nproc_per_node=4",
+                "demo.hang=none",
+                "demo.steps=10",
+                f"demo.shard_dir={mount}",
+            ]  # fmt: skip
+        )
+    finally:
+        storage.close()
+    assert result.returncode == 3, result.output[-3000:]
+    (report,) = result.reports
+    assert report["category"] == "storage_stall", report["summary"]
+    assert report["culprit_ranks"] == [0, 1, 2, 3] and report["last_step"] == 4
+    assert f"mounted at {mount}" in report["summary"] and "a fuse filesystem" in report["summary"]
+    assert "read() on " + str(mount / "shard-") in report["summary"]
+    assert "A cancel ends ranks in D only where the wait is killable" in report["summary"]
+    waits = [r["kernel_waits"][0] for r in report["ranks"]]
+    assert {(w["state"], w["fstype"], w["mount"]) for w in waits} == {("D", "fuse", str(mount))}
+    log = (result.run_dir / "watchdog" / "logs").glob("sidecar_*.log")
+    assert "report written" in next(log).read_text()
