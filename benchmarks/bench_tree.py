@@ -81,7 +81,8 @@ def storage(root: Path, receiver: Receiver, runs: int) -> list[dict]:
         mount = root / f"shards{i}"
         fs = FuseStorage(mount, ranks=4, size_mb=16, freeze_at_mb=FREEZE_STEP - 1)
         try:
-            results.append(run_one(root, receiver, f"storage{i}", [f"demo.shard_dir={mount}"]))
+            overrides = ["demo.hang=none", f"demo.shard_dir={mount}"]
+            results.append(run_one(root, receiver, f"storage{i}", overrides))
         finally:
             fs.close()
     return results

@@ -10,8 +10,8 @@ import pytest
 
 from areal_watchdog.cli import main
 from areal_watchdog.diagnose.kinds import CATEGORIES, CAUSES, Severity, kind_of, title
+from areal_watchdog.diagnose.strength import CONCLUSIVE_CATEGORIES, DAMAGE, TIME_DECIDES
 from areal_watchdog.report.build import SCHEMA_VERSION, load_schema
-from areal_watchdog.watch.escalation import CONCLUSIVE_CATEGORIES, DAMAGE, TIME_DECIDES
 
 
 def test_the_report_schema_names_exactly_the_declared_kinds(

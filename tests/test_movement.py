@@ -15,11 +15,13 @@ from pathlib import Path
 import psutil
 from desk import THRESHOLD, desk, recorded
 
+from areal_watchdog.diagnose.activity import work_thread
 from areal_watchdog.diagnose.classify import classify
+from areal_watchdog.diagnose.strength import strength
 from areal_watchdog.evidence.counters import rates, read_counters, real_data
 from areal_watchdog.evidence.model import RUNNING, Evidence, Frame
 from areal_watchdog.evidence.sockets import parse_ss
-from areal_watchdog.watch.escalation import strength
+from areal_watchdog.watch.escalation import summary_prefix
 from areal_watchdog.watch.second_look import marks, moved
 
 CHECKPOINT = 6.7e6  # bytes a second: 1 MB fsync'd chunks every 0.15 s
@@ -222,3 +224,79 @@ def test_a_rank_seen_in_two_functions_among_one_looks_samples_moves() -> None:
     (rank,) = [r for r in first.ranks if r.pid == pid]
     rank.samples[1][0].frames.insert(0, Frame("score_answers", "/job/phases.py", 98))
     assert moved(marks(first, 3), marks(second, 3)) == [f"the stacks of pid {pid} changed"]
+
+
+def with_windows(evidence: Evidence, pid: int, windows: list[list[float]]) -> Evidence:
+    """The same look, ``pid``'s poll windows as given (end, io, disk, children's cores, log)."""
+    later = copy.deepcopy(evidence)
+    for process in later.processes():
+        own = windows if process.pid == pid else [[w[0], WATCHED_FLOOR, 0, 0, 0] for w in windows]
+        process.counters = {"at": windows[-1][0], "cpu_s": 1.0, "io_windows": own}
+    return later
+
+
+def test_a_ranks_children_at_work_are_its_movement() -> None:
+    """Rank 2 blocked while its DataLoader worker burns a core (its own CPU, and I/O, nil):
+    the second look dismisses; the same rank with idle children is hung."""
+    evidence, pid = straggler()
+    busy = [[float(i + 1), 0.0, 0.0, 0.95, 0.0] for i in range(6)]
+    (line,) = moved(marks(with_windows(evidence, pid, busy[:3]), 3),
+                    marks(with_windows(evidence, pid, busy), 3))  # fmt: skip
+    assert line.startswith(f"the child processes of rank 2 (pid {pid}) worked (0.9 cores in 3")
+    idle = [[float(i + 1), 0.0, 0.0, 0.05, 0.0] for i in range(6)]
+    first, second = with_windows(evidence, pid, idle[:3]), with_windows(evidence, pid, idle)
+    assert moved(marks(first, 3), marks(second, 3)) == []
+
+
+def test_a_log_flood_is_no_data_and_the_hard_limit_ends_it() -> None:
+    """Rank 2 retries with no back-off and logs every failure at 0.2 MB/s (the log meter took
+    it out of its bytes): no movement, so the hard limit ends the job; the same bytes as data
+    (a checkpoint) defer it, but not past 3 hard limits."""
+    evidence, pid = straggler()
+    base = every_rank_running(evidence, 2)
+    flood = [[[30.0 * i + j + 1, 300.0, 0.0, 0.0, 2e5] for j in range(30)] for i in range(8)]
+    flooding = [with_windows(base, pid, windows) for windows in flood]
+    d = desk(*flooding)
+    d.stall(THRESHOLD)
+    d.run_until(5 * THRESHOLD + 1)
+    assert d.cancelling and d.reports[-1]["confirmation"]["by"] == "hard_limit"
+    writing = [with_io(base, pid, [CHECKPOINT] * 30, start=30.0 * i) for i in range(40)]
+    d = desk(*writing)
+    d.stall(THRESHOLD)
+    d.run_until(3 * 5 * THRESHOLD - 1)
+    assert not d.cancelling
+    d.run_until(3 * 5 * THRESHOLD + THRESHOLD + 1)
+    assert d.cancelling and d.reports[-1]["confirmation"]["by"] == "hard_limit"
+
+
+def looping(evidence: Evidence, pid: int, names: list[str]) -> list[Evidence]:
+    """Looks at ``pid`` seen in each of ``names`` in turn: a retry loop through several
+    functions (normalize, tokenize, validate, again)."""
+    found = []
+    for name in names:
+        look = copy.deepcopy(evidence)
+        (process,) = [p for p in look.processes() if p.pid == pid]
+        work_thread(process).frames[0].name = name
+        found.append(look)
+    return found
+
+
+def test_a_livelock_through_several_functions_is_a_warning_then_the_hard_limit_ends_it() -> None:
+    """Rank 2 loops through three functions while the others wait: every second look sees its
+    stack move (not cancelled), so past 90 s without a step one warning names the rank and its
+    functions, and the hard limit (5 thresholds: 150 s) still ends the job."""
+    evidence, pid = straggler()
+    looks = looping(evidence, pid, ["normalize", "tokenize", "validate"] * 20)
+    d = desk(*looks)
+    d.stall(THRESHOLD)
+    d.run_until(5 * THRESHOLD - 1)
+    warnings = [r for r in d.reports if r["posted"]]
+    (warning,) = warnings
+    assert warning["action"] == "report" and 90 <= warning["at"] < 5 * THRESHOLD
+    livelock = warning["confirmation"]["livelock"]
+    assert livelock["ranks"] == [2] and {"normalize", "tokenize"} <= set(livelock["functions"])
+    prefix = summary_prefix(warning["confirmation"])
+    assert prefix.startswith("Warning: a possible livelock: rank 2")
+    assert not d.cancelling
+    d.run_until(5 * THRESHOLD + 12)
+    assert d.cancelling and d.reports[-1]["confirmation"]["by"] == "hard_limit"

@@ -86,8 +86,30 @@ def test_storage_that_stops_answering_is_a_storage_stall(
     assert report["culprit_ranks"] == [0, 1, 2, 3] and report["last_step"] == 4
     assert f"mounted at {mount}" in report["summary"] and "a fuse filesystem" in report["summary"]
     assert "read() on " + str(mount / "shard-") in report["summary"]
-    assert "A cancel ends ranks in D only where the wait is killable" in report["summary"]
+    assert "A cancel may not end them" in report["summary"]
+    assert "blocked in the kernel on a file whose storage does not answer" in result.output
     waits = [r["kernel_waits"][0] for r in report["ranks"]]
-    assert {(w["state"], w["fstype"], w["mount"]) for w in waits} == {("D", "fuse", str(mount))}
+    assert {(w["fstype"], w["mount"], w["syscall"]) for w in waits} == {
+        ("fuse", str(mount), "read")
+    }
+    assert {w["state"] for w in waits} <= {"S", "D"}  # FUSE's reader sleeps, NFS's is in D
     log = (result.run_dir / "watchdog" / "logs").glob("sidecar_*.log")
     assert "report written" in next(log).read_text()
+
+
+def test_a_retry_loop_flooding_its_log_is_no_work_and_the_hard_limit_ends_it(
+    launcher: Launcher,
+) -> None:
+    """Rank 1 retries a refused service with no back-off and logs every failure (its stderr
+    grows by 100s of KB a second); the others wait in all_reduce. Its log writes are no data:
+    the second look (or the hard limit, 12 s) ends the job, never deferred for the flood, and
+    the report quotes the repeated line."""
+    result = launcher.run([*QUIET, "demo.hang=retry_flood", "demo.hang_rank=1",
+                           "+watchdog.cancel_after=12"])  # fmt: skip
+    assert result.returncode == 3, result.output[-3000:]
+    (report,) = result.reports
+    assert report["confirmation"]["by"] in ("second_look", "hard_limit"), report["summary"]
+    assert report["category"] == "straggler" and report["culprit_ranks"] == [1]
+    assert "Rank 1 writes the same line again and again" in report["summary"]
+    assert "reward service unreachable (try" in report["summary"]
+    assert "past the hard limit" not in result.output  # never deferred for the flood

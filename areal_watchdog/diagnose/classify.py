@@ -15,6 +15,7 @@ from areal_watchdog.common.rankset import ranks_phrase
 from areal_watchdog.diagnose.activity import describe
 from areal_watchdog.diagnose.collectives import analyse
 from areal_watchdog.diagnose.kinds import CATEGORIES, names
+from areal_watchdog.diagnose.log_flood import flood_note
 from areal_watchdog.diagnose.record import record_finding
 from areal_watchdog.diagnose.rollout import RolloutFinding, rollout_finding
 from areal_watchdog.diagnose.rules import decide
@@ -34,8 +35,8 @@ def classify(evidence: Evidence) -> Verdict:
     groups = _group(evidence.ranks, activities)
     finding = rollout_finding(evidence)
     verdict = _from_finding(finding) if finding else decide(evidence, activities)
-    if note := children_note(verdict, evidence):
-        verdict.summary = f"{verdict.summary} {note}"
+    for note in (children_note(verdict, evidence), flood_note(verdict, evidence)):
+        verdict.summary = f"{verdict.summary} {note}" if note else verdict.summary
     verdict.groups = groups
     verdict.activities = activities
     verdict.worker_activities = {w.pid or 0: describe(w) for w in evidence.workers}

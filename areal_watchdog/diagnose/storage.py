@@ -2,11 +2,12 @@
 kernel said of each process at the look (``evidence.kernel_wait``) and how long the sidecar's
 polls saw it blocked there with no data moving (``kernel_blocked_s`` in its counters).
 
-A rank in ``read()``, ``write()``, ``open()`` or ``stat()`` on a mount, in state ``D`` for
+A rank in ``read()``, ``write()``, ``open()`` or ``stat()`` on a file of a mount, blocked there
+(state ``D``; or asleep, as a FUSE reader waits in ``request_wait_answer``) at every poll for
 ``BLOCKED_IN_KERNEL_S`` with no byte moving, waits on a server that does not answer (a dead
 NFS, Lustre or FUSE server): proof at the first look, naming the mount, its filesystem and the
-file. A rank only passing through ``D`` (a page-cache miss, an fsync that completes) is never
-in it that long with nothing moving. Pure: plain evidence in, a verdict out.
+file. A rank only passing through (a page-cache miss, an fsync that completes) is never there
+that long with nothing moving. Pure: plain evidence in, a verdict out.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from areal_watchdog.evidence.model import BLOCKED, RUNNING, Evidence, RankEviden
 WAIT_CALLS = frozenset({"wait4", "waitid"})  # a process waiting for a child to end
 BLOCKED_IN_KERNEL_S = 8.0  # in D with no data moving this long: the storage does not answer
 CANCEL_NOTE = (
-    "A cancel ends ranks in D only where the wait is killable (FUSE and NFS waits are: the "
-    "ranks end at once); elsewhere not before the storage answers. Check the storage server "
-    "and the mount (`mount | grep {mount}`) before restarting."
+    "A cancel may not end them: a wait the storage server has taken (FUSE), or one that is "
+    "not killable, ends at no signal, SIGKILL included, until the storage answers; the ranks "
+    "then die at once (the launcher names those still blocked). Check the storage server and "
+    "the mount (`mount | grep {mount}`) before restarting."
 )
 
 
@@ -36,7 +38,7 @@ def storage_wait(process: RankEvidence) -> KernelWait | None:
         return None
     for entry in process.kernel_waits:
         wait = KernelWait.from_dict(entry)
-        if wait.state == "D" and wait.on_storage:
+        if wait.stuck and wait.on_storage:
             return wait
     return None
 
@@ -64,8 +66,8 @@ def storage_stall(evidence: Evidence) -> Verdict | None:
         culprits,
         f"{cap(ranks_phrase(culprits))} {is_are(culprits)} blocked in the kernel on storage "
         f"that stopped answering: {wait.syscall}() on {wait.path}{more}, a {wait.fstype} "
-        f"filesystem mounted at {wait.mount}{source}, state D with no data moving{behind}. "
-        + CANCEL_NOTE.format(mount=wait.mount),
+        f"filesystem mounted at {wait.mount}{source}, state {wait.state} with no data moving"
+        f"{behind}. " + CANCEL_NOTE.format(mount=wait.mount),
     )
 
 

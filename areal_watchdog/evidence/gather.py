@@ -18,6 +18,7 @@ import psutil
 from areal_watchdog.common.atomic import mtime, read_json
 from areal_watchdog.evidence.discovery import JobProcess
 from areal_watchdog.evidence.faulthandler import dump_cooperative
+from areal_watchdog.evidence.kernel_wait import main_wait
 from areal_watchdog.evidence.model import (
     BLOCKED,
     EXITED,
@@ -129,7 +130,11 @@ def _stack_for(
         evidence.cwd = process.cwd()  # the user's files are shown relative to it
     ask_the_rank = settings.method == "faulthandler"
     if settings.method in ("auto", "py-spy"):
-        evidence.threads, refused = _pyspy_stacks(proc.pid, settings.timeout, errors)
+        # a process blocked on a file (in D, or a FUSE reader) stops for no attach until its
+        # wait ends: read it as it is
+        wait = main_wait(proc.pid)
+        stuck = wait is not None and wait.stuck
+        evidence.threads, refused = _pyspy_stacks(proc.pid, settings.timeout, errors, stuck)
         if evidence.threads:
             evidence.evidence_method = "py-spy"
         ask_the_rank = refused and settings.method == "auto"
@@ -159,14 +164,17 @@ def _stack_for(
     return evidence
 
 
-def _pyspy_stacks(pid: int, timeout: float, errors: list[str]) -> tuple[list[ThreadStack], bool]:
+def _pyspy_stacks(
+    pid: int, timeout: float, errors: list[str], nonblocking: bool = False
+) -> tuple[list[ThreadStack], bool]:
     """py-spy's stacks, and whether py-spy was refused (or absent): only then is the rank's own
     faulthandler asked. Under load a dump sometimes fails reading memory the process is
     changing (a second try a moment later answers); a dump that ran out of time suspending a
     busy many-threaded process is tried once without suspending it. A late py-spy is no reason
     to signal the process: faulthandler walks every thread's frames from a signal handler
-    while they run, and CI saw an AReaL rollout worker segfault inside that dump."""
-    nonblocking = False
+    while they run, and CI saw an AReaL rollout worker segfault inside that dump. A process
+    in the kernel (``nonblocking``) is never suspended: it would not stop before its wait ends
+    (a read from storage that stopped answering: the dump waited out its timeout)."""
     for attempt in range(2):
         try:
             return dump_pyspy(pid, timeout, nonblocking=nonblocking), False
@@ -174,7 +182,7 @@ def _pyspy_stacks(pid: int, timeout: float, errors: list[str]) -> tuple[list[Thr
             errors.append(str(exc) + (" (not suspending it)" if nonblocking else ""))
             if exc.permission or attempt:
                 return [], exc.permission
-            nonblocking = exc.late
+            nonblocking = nonblocking or exc.late
             time.sleep(0 if exc.late else PYSPY_RETRY_DELAY)
     return [], False
 

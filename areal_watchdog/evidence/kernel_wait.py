@@ -39,6 +39,7 @@ FD_CALLS = frozenset({"read", "write", "pread64", "pwrite64", "readv", "writev",
 PATH_ARG = {"open": 0, "stat": 0, "lstat": 0, "access": 0, "truncate": 0, "mkdir": 0,
             "unlink": 0, "rename": 0, "openat": 1, "newfstatat": 1, "statx": 1}  # fmt: skip
 STORAGE_CALLS = FD_CALLS | frozenset(PATH_ARG)  # calls that wait on a filesystem
+NOT_STORAGE = ("/dev/", "/proc/", "/sys/")  # files whose reads wait on no storage (a terminal)
 PATH_MAX = 4096
 
 
@@ -72,7 +73,22 @@ class KernelWait:
     @property
     def on_storage(self) -> bool:
         """In a call that waits on a filesystem, on a file whose mount is known."""
-        return self.syscall in STORAGE_CALLS and bool(self.mount)
+        return self.on_a_file and bool(self.mount)
+
+    @property
+    def on_a_file(self) -> bool:
+        """In a filesystem call on a file (not a pipe, a socket, a terminal or /proc)."""
+        return (
+            self.syscall in STORAGE_CALLS
+            and self.path.startswith("/")
+            and not any(self.path.startswith(top) for top in NOT_STORAGE)
+        )
+
+    @property
+    def stuck(self) -> bool:
+        """Blocked in the kernel (D), or asleep in a filesystem call on a file: a FUSE
+        server's reader sleeps interruptibly in ``request_wait_answer``, an NFS one in D."""
+        return self.state == "D" or (self.state == "S" and self.on_a_file)
 
     def phrase(self) -> str:
         """``D (uninterruptible) in read() on /mnt/data/shard-0.bin (fuse, /mnt/data)``."""
@@ -96,12 +112,18 @@ def kernel_waits(pid: int) -> list[KernelWait]:
     return sorted(found, key=lambda w: w.tid != pid)
 
 
-def process_state(pid: int) -> str | None:
-    """The process's (main thread's) one-letter state; None when it is gone."""
-    return _state(f"/proc/{pid}/stat")
+def main_wait(pid: int, with_mount: bool = False) -> KernelWait | None:
+    """The main thread's wait, cheaply (its mount only ``with_mount``): what a poll reads of a
+    rank that burns no CPU; None when the process is gone."""
+    state = _state(f"/proc/{pid}/task/{pid}/stat")
+    if state is None:
+        return None
+    if state not in ("D", "S"):
+        return KernelWait(pid, state)
+    return _wait(pid, pid, state, with_mount)
 
 
-def _wait(pid: int, tid: int, state: str) -> KernelWait:
+def _wait(pid: int, tid: int, state: str, with_mount: bool = True) -> KernelWait:
     base = f"/proc/{pid}/task/{tid}"
     wchan = _read(f"{base}/wchan").strip()
     call, args = _syscall(_read(f"{base}/syscall"))
@@ -112,7 +134,7 @@ def _wait(pid: int, tid: int, state: str) -> KernelWait:
         path = _string_at(pid, args[PATH_ARG[call]])
         if path and not path.startswith("/"):
             path = os.path.join(_link(f"/proc/{pid}/cwd"), path)
-    mount = mount_of(pid, path) if path.startswith("/") else ("", "", "")
+    mount = mount_of(pid, path) if with_mount and path.startswith("/") else ("", "", "")
     child = _waited_child(call, args)
     return KernelWait(tid, state, wchan, call, path, *mount, waits_for=child)
 

@@ -38,7 +38,13 @@ from areal_watchdog.launch.job import (
     stale_state,
 )
 from areal_watchdog.launch.plan import Gate, LaunchPlan, ProcessSpec
-from areal_watchdog.launch.processes import Interrupts, OutputPump, start, stop_job
+from areal_watchdog.launch.processes import (
+    Interrupts,
+    OutputPump,
+    blocked_in_kernel,
+    start,
+    stop_job,
+)
 from areal_watchdog.launch.recovery import Recovery
 from areal_watchdog.launch.run_handle import KnownByRunDir
 from areal_watchdog.launch.torchrun import standalone, torchrun_command
@@ -167,6 +173,7 @@ class _LocalRun:
             for piped in [p for p in (job, *services) if p is not None]:
                 piped.stop(self.plan.run_id, grace)
             returncode = job.proc.returncode if job is not None else 1
+            self.say_unkillable()
             recorded = self.record_exit(returncode)
             if self.sidecar is not None:  # without the record, only a signal tells it the end
                 self.sidecar.finish(interrupts.count > 0 or not recorded, ended or time.monotonic())
@@ -175,6 +182,17 @@ class _LocalRun:
             for fd in self.cancel_pipe:
                 os.close(fd)
         return self.exit_code(returncode, interrupts.count > 0)
+
+    def say_unkillable(self) -> None:
+        """Processes of the job that no signal ends (blocked in the kernel on storage that does
+        not answer): the user must know they are still there, and until when."""
+        stuck = sorted(blocked_in_kernel(self.plan.run_id))
+        if stuck:
+            self.say(
+                f"{len(stuck)} process(es) of the job (pid {', '.join(map(str, stuck[:8]))}) are "
+                "blocked in the kernel on a file whose storage does not answer: no signal ends "
+                "them, SIGKILL included, until it answers; they end then (a SIGKILL is pending)"
+            )
 
     def supervise(self, job: _Piped, interrupts: Interrupts) -> None:
         """Until the job ends: act on an interrupt, on the watchdog's cancel, on a dead sidecar."""

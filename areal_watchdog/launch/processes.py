@@ -20,6 +20,7 @@ import psutil
 
 from areal_watchdog.common.mask import Mask
 from areal_watchdog.common.parent import die_with_parent
+from areal_watchdog.evidence.kernel_wait import main_wait
 from areal_watchdog.launch.plan import ProcessSpec
 from areal_watchdog.rundir.run_processes import kill_run_processes, run_processes
 
@@ -51,11 +52,45 @@ def stop_job(job: subprocess.Popen, run_id: str, grace: float = TERMINATE_GRACE)
             with contextlib.suppress(psutil.Error):
                 if proc.status() == psutil.STATUS_STOPPED:
                     proc.send_signal(signal.SIGCONT)
-        job.wait(timeout=grace)
+        _wait_unless_in_kernel(job, run_id, grace)
     except subprocess.TimeoutExpired:
         job.kill()
         job.wait()
     kill_run_processes(run_id)
+
+
+IN_KERNEL_GRACE = 2.0  # seconds for ranks in D: a SIGTERM they handle waits on their storage
+
+
+def _wait_unless_in_kernel(job: subprocess.Popen, run_id: str, grace: float) -> None:
+    """Wait up to ``grace`` for the job to end; where a process of the run stays blocked in the
+    kernel (a read from storage that stopped answering) for ``IN_KERNEL_GRACE``, kill the run
+    at once: a rank that handles SIGTERM does so only once its wait ends, and a killable wait
+    (FUSE's, NFS's) ends at a SIGKILL."""
+    deadline = time.monotonic() + grace
+    seen: dict[int, int] = {}  # pid -> checks in a row it was in D
+    while time.monotonic() < deadline:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            job.wait(timeout=0.5)
+            return
+        now_in = blocked_in_kernel(run_id)
+        seen = {pid: seen.get(pid, 0) + 1 for pid in now_in}
+        if any(count * 0.5 >= IN_KERNEL_GRACE for count in seen.values()):
+            kill_run_processes(run_id)
+            job.wait(timeout=max(0.1, deadline - time.monotonic()))
+            return
+    raise subprocess.TimeoutExpired(job.args, grace)
+
+
+def blocked_in_kernel(run_id: str) -> set[int]:
+    """The processes of the run blocked in the kernel now: in D, or asleep in a file
+    operation (a FUSE reader)."""
+    found = set()
+    for proc in run_processes(run_id):
+        wait = main_wait(proc.pid)
+        if wait is not None and wait.stuck:
+            found.add(proc.pid)
+    return found
 
 
 class OutputPump:

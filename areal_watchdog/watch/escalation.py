@@ -26,8 +26,10 @@ verdict escalates is declared with its kind (``diagnose.kinds``):
   is not ended for it; nvidia-resiliency-ext learns its timeouts the same way). One thing
   outlasts it: a process that read or wrote real data since the last look by its own counters
   (a large model's first checkpoint can write for more than 10 minutes). The limit then looks
-  again a threshold later, and ends the job the first time nothing moves data; a job that only
-  spins is ended at once.
+  again a threshold later, and ends the job the first time nothing moves data, or at
+  ``DEFER_CAP_FACTOR`` hard limits whatever moves; a job that only spins is ended at once.
+  What a process writes to its own logs is no data (``evidence.log_writes``): a retry loop
+  that logs every failure is ended at the limit.
 
 ``Escalation`` is a part of ``Incidents`` (``incident``), kept apart by concept; the decisions
 on plain values are the functions below it.
@@ -35,65 +37,39 @@ on plain values are the functions below it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from areal_watchdog.common.rankset import culprits_phrase
+from areal_watchdog.common.rankset import culprits_phrase, ranks_phrase
 from areal_watchdog.config.model import HangAction
-from areal_watchdog.diagnose.kinds import CATEGORIES, CAUSES, kind_of, names
+from areal_watchdog.diagnose.strength import DAMAGE, strength, verdict_key
 from areal_watchdog.diagnose.verdict import Verdict
 from areal_watchdog.evidence.model import Evidence
 from areal_watchdog.evidence.trigger import Trigger
-from areal_watchdog.watch.second_look import RETRY_LOOPS, busy_io, marks, moved
+from areal_watchdog.watch.second_look import (
+    RETRY_LOOPS,
+    STACKS_MOVED,
+    busy_io,
+    marks,
+    moved,
+    only_stacks_moved,
+    stacks_moved,
+)
 
 CANCEL_AFTER_FACTOR = 5.0  # the default hard limit, in stall thresholds or step intervals
 # The least default hard limit under a learned threshold: a threshold of seconds starts looks,
 # but a silent phase that moves (an evaluation on the GPU, a checkpoint written) is ended only
 # after this long without a step.
 LEARNED_CANCEL_AFTER_MIN = 600.0
-CONCLUSIVE_CATEGORIES = names(CATEGORIES, proof=True)
-CONCLUSIVE_CAUSES = names(CAUSES, proof=True)
-TIME_DECIDES = names(CAUSES, time_decides=True)  # causes no stack tells from a slow phase
-# In the rank's own code: idle (burning no CPU) or running (a CPU evaluation, a long save).
-SLOW_PHASE_KINDS = frozenset({"blocked", "running"})
-DAMAGE = names(CAUSES, damage=True)  # causes whose completions are the damage, not movement
-
-
-def strength(verdict: Verdict) -> str:
-    """``conclusive`` (act now), ``provable`` (a second look decides) or ``time`` (only the
-    hard limit does)."""
-    kind = kind_of(verdict.category, verdict.cause)
-    if kind.proof or proven_mismatch(verdict):
-        return "conclusive"
-    return "time" if kind.time_decides or kind.damage or slow_phase(verdict) else "provable"
-
-
-def slow_phase(verdict: Verdict) -> bool:
-    """No rank waits on another: every rank is in its own code, idle (asleep, or waiting on its
-    disk) or running (an evaluation on the CPU, a scoring loop), none in a collective, a
-    receive or a rollout wait. Nothing proves a hang there (an unannounced checkpoint save, an
-    evaluation every rank runs look the same), so time decides: the hard limit ends a livelock.
-    A few ranks spinning while the others wait on them stay provable (``straggler``)."""
-    kinds = {a.kind for a in verdict.activities.values()}
-    return verdict.category == "unknown" and bool(kinds) and kinds <= SLOW_PHASE_KINDS
-
-
-def proven_mismatch(verdict: Verdict) -> bool:
-    """A collective mismatch the Flight Recorder shows: ranks issued different operations (or
-    sizes) at one sequence number of one group, and it is no tie. No later collective of that
-    group can complete, so no second look is needed."""
-    if verdict.category != "collective_mismatch" or not verdict.collectives:
-        return False
-    return any(
-        g.get("kind") == "mismatch" and g.get("culprit_ranks") and not g.get("tie")
-        for g in verdict.collectives.get("groups") or []
-    )
-
-
-def verdict_key(verdict: Verdict) -> tuple[Any, ...]:
-    """What makes two looks' verdicts the same finding (a repeat is not written again)."""
-    workers = tuple(sorted(str(w.get("pid")) for w in verdict.culprit_workers))
-    return verdict.category, verdict.cause, tuple(verdict.culprit_ranks), workers
+# Past this many hard limits without a step, data still moving defers the hard limit no more:
+# a job that writes for ever without a step (a log flood the counters could not tell apart,
+# through a pipe) is ended too.
+DEFER_CAP_FACTOR = 3.0
+# A possible livelock is posted as a warning after this long without a step (or 3 times the
+# longest step interval, if longer): healthy phases measured here stay under it (one rank
+# evaluating alone while the others wait: 35 s).
+LIVELOCK_WARN_MIN = 90.0
+LIVELOCK_WARN_FACTOR = 3.0
 
 
 @dataclass
@@ -124,6 +100,9 @@ class StallCase:
     due: float = 0.0  # when the second look is due
     next_look: float | None = None  # when to look again, after a dismissed or suspected look
     writing: bool = False  # past the hard limit, a process moved real data: next_look decides
+    livelock_warned: bool = False  # the possible livelock was posted as a warning
+    busy_in: set[str] = field(default_factory=set)  # the functions busy ranks were seen in
+    moving: set[int] = field(default_factory=set)  # pids whose stacks moved at a second look
     written: tuple[Any, ...] | None = None  # the verdict of the last look written
 
 
@@ -220,9 +199,15 @@ class Escalation:
             self.judge(self.look(case.trigger, case.lost, statuses))
 
     def still_writing(self, now: float) -> bool:
-        """Past the hard limit, the last look saw real data moving: wait for the next look."""
+        """Past the hard limit, the last look saw real data moving: wait for the next look
+        (until ``DEFER_CAP_FACTOR`` hard limits)."""
         case = self.case
-        return case.writing and case.next_look is not None and now < case.next_look
+        waiting = case.writing and case.next_look is not None and now < case.next_look
+        return waiting and not self.past_cap(now)
+
+    def past_cap(self, at: float) -> bool:
+        """No new step for ``DEFER_CAP_FACTOR`` hard limits: moving data defers no more."""
+        return self.clock.silent_for(at) >= DEFER_CAP_FACTOR * self.cancel_after()
 
     def past_limit(self, at: float) -> bool:
         """No new step for the hard limit at ``at``."""
@@ -240,11 +225,16 @@ class Escalation:
         retrying = len(causes) == 1 and causes <= RETRY_LOOPS
         what = moved(marks(first.evidence, first.step), marks(second.evidence, second.step),
                      steps_only=retrying, damage=bool(causes & DAMAGE))  # fmt: skip
+        what = what or self.moved_before(second)
         after = second.at - first.at
         self.warn(second)
         if what:
+            case.moving |= stacks_moved(marks(first.evidence, first.step),
+                                        marks(second.evidence, second.step))  # fmt: skip
             self.say(f"second look: {'; '.join(what)}: not cancelling")
             self.suspect(first, what, now, "", after)
+            if only_stacks_moved(what) and second.verdict.category == "straggler":
+                self.warn_livelock(first, second, what, now)
         elif self.past_limit(second.at) and second.step == case.step:
             self.conclude(second, "hard_limit", after, [])
         elif strength(second.verdict) == "time":
@@ -252,6 +242,45 @@ class Escalation:
             self.suspect(second, [], now, f"{second.verdict.category} suspected ({culprits})")
         else:
             self.conclude(second, "second_look", after, [])
+
+    def moved_before(self, look: Look) -> list[str]:
+        """The culprits whose stacks moved at an earlier second look of this silence: a rank
+        going through several functions (an evaluation, a livelock) is sometimes sampled in
+        one at both looks, and that luck must not end a job it never ended before (time does:
+        the livelock warning, the hard limit). A rank spinning on one line never moved."""
+        case = self.case
+        pids = {r.pid for r in look.evidence.ranks if r.rank in look.verdict.culprit_ranks}
+        again = sorted(p for p in pids & case.moving if p is not None)
+        if not again:
+            return []
+        return [f"{STACKS_MOVED} {', '.join(map(str, again[:5]))} changed at an earlier look"]
+
+    def livelock_after(self) -> float:
+        """Seconds without a step before a rank busy with no effect is posted as a warning."""
+        return max(LIVELOCK_WARN_MIN, LIVELOCK_WARN_FACTOR * self.clock.max_interval)
+
+    def warn_livelock(self, first: Look, look: Look, what: list[str], now: float) -> None:
+        """A few ranks busy in their own code (their stacks move between ``first`` and
+        ``look``) with no effect outside themselves (no step, no data, no message out) while
+        the others wait: posted once per silence as a warning, past ``livelock_after``, with
+        the functions every look saw them in; the hard limit still decides."""
+        case, silent = self.case, self.clock.silent_for(now)
+        if case is None or case.livelock_warned:
+            return
+        culprits = look.verdict.culprit_ranks
+        pids = {r.pid for r in look.evidence.ranks if r.rank in culprits}
+        for seen in (marks(x.evidence, x.step).functions for x in (first, look)):
+            case.busy_in |= {t[0] for pid in pids for t in seen.get(pid, ()) if t}
+        if silent < self.livelock_after():
+            return
+        case.livelock_warned = True
+        functions = sorted(case.busy_in)
+        confirmation = self.confirmation(case, 0.0, what, confirmed=False, by=None)
+        livelock = {"ranks": culprits, "functions": functions[:8], "silent_s": round(silent, 1)}
+        confirmation.update(posted=True, warning=True, livelock=livelock)
+        self.say(f"possible livelock ({ranks_phrase(culprits)} busy {silent:.0f} s with no "
+                 "effect): posting a warning; the hard limit still decides")  # fmt: skip
+        self.report(case.trigger, look, HangAction.REPORT, confirmation)
 
     def hard_limit(self, statuses: dict, now: float) -> None:
         """No new step for ``cancel_after``: act, saying what moved since the last look; unless
@@ -264,7 +293,7 @@ class Escalation:
         what, writing = moved(first, second), busy_io(first, second)
         limit = self.cancel_after()
         silent = self.clock.silent_for(now)
-        if writing and look is not before:
+        if writing and look is not before and not self.past_cap(now):
             case.last, case.writing = look, True
             self.say(
                 f"no new step for {silent:.0f} s, past the hard limit (watchdog.cancel_after "
@@ -329,6 +358,15 @@ def summary_prefix(confirmation: dict[str, Any]) -> str:
             f"No new step for watchdog.cancel_after ({confirmation['cancel_after_s']:g} s): "
             f"a hang whatever moved meanwhile{moving}. "
         )
+    if livelock := confirmation.get("livelock"):
+        functions = ", ".join(f"{f}()" for f in livelock["functions"]) or "its own code"
+        return (
+            f"Warning: a possible livelock: {ranks_phrase(livelock['ranks'])} busy for "
+            f"{livelock['silent_s']:.0f} s without a step, in {functions}, with no effect "
+            "outside (no step, no data written, no message out) while the others wait; the "
+            f"hard limit (watchdog.cancel_after {confirmation['cancel_after_s']:g} s) ends the "
+            "job if no step comes. "
+        )
     if confirmation.get("warning"):
         return "Warning: the job goes on, but it is silently wrong (not cancelled). "
     if confirmation["confirmed"]:
@@ -342,4 +380,11 @@ def summary_prefix(confirmation: dict[str, Any]) -> str:
         "Suspected, not confirmed: no stack tells a slow phase from a hang here, so the job is "
         f"ended only if no step comes within watchdog.cancel_after "
         f"({confirmation['cancel_after_s']:g} s). "
+    )
+
+
+def busy_without_effect(what: list[str]) -> bool:
+    """Only stacks moved between the looks (no step, data, GPU, server or completed task)."""
+    return bool(what) and all(
+        " changed" in line and line.startswith("the stacks of") for line in what
     )

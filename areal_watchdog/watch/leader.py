@@ -88,7 +88,7 @@ class Leader:
             )
         elif action.trigger is Trigger.IN_KERNEL:
             self.say(
-                f"ranks blocked in the kernel (state D) for {self.in_kernel_for(now):.0f} s with "
+                f"ranks blocked in a file operation for {self.in_kernel_for(now):.0f} s with "
                 f"nothing moving: gathering evidence from {alive}"
             )
         elif action.trigger is Trigger.STALL:
@@ -130,7 +130,8 @@ class Leader:
         return tuple(sorted(found))
 
     def in_kernel_for(self, now: float) -> float:
-        """How long the longest-blocked rank of the job, on any node, has been in state D with
+        """How long the longest-blocked rank of the job, on any node, has been blocked in the
+        kernel (D, or asleep in a file operation) with
         nothing moving (0: none is)."""
         since = list(self.watch.in_kernel_since().values())
         for node, status in self.statuses.items():

@@ -15,9 +15,16 @@ import psutil
 from areal_watchdog.evidence.counters import Counters, at_work, rates, read_counters
 from areal_watchdog.evidence.discovery import JobProcess, Scope, discover, helpers
 from areal_watchdog.evidence.flight_recorder import collect
-from areal_watchdog.evidence.gather import GatherSettings, exit_info, gather_node, gather_workers
+from areal_watchdog.evidence.gather import (
+    BUSY_CPU,
+    GatherSettings,
+    exit_info,
+    gather_node,
+    gather_workers,
+)
 from areal_watchdog.evidence.gpu import GpuBackend, IdleTracker, NoGpu
-from areal_watchdog.evidence.kernel_wait import kernel_waits
+from areal_watchdog.evidence.kernel_wait import kernel_waits, main_wait
+from areal_watchdog.evidence.log_writes import LogMeter
 from areal_watchdog.evidence.model import BLOCKED, RUNNING, RankEvidence
 from areal_watchdog.evidence.process_tree import TreeMeter, TreeRates, describe_children
 from areal_watchdog.evidence.rollout import gather_rollout
@@ -39,13 +46,15 @@ class _Watched:
     utilization: float | None = None  # cores busy over the last window
     counters: Counters | None = None  # the newest reading (a look reports it)
     # (end, bytes read and written a second, bytes to and from storage a second, cores its
-    # descendants burned): the process's own and its descendants' together
-    windows: deque[tuple[float, float, float, float]] = field(
+    # descendants burned, bytes it wrote to its own logs a second): the bytes are its own and
+    # its descendants' together, less what it wrote to its logs (a log flood is no work)
+    windows: deque[tuple[float, float, float, float, float]] = field(
         default_factory=lambda: deque(maxlen=WINDOWS_KEPT)
     )
     tree: TreeMeter | None = None  # its descendants (DataLoader workers, a copy subprocess)
+    logs: LogMeter | None = None  # its stdout, stderr and log files
     parts: frozenset[int] = frozenset()  # the node's other watched processes: not its tree
-    kernel_since: float | None = None  # in state D at every poll since, with no work moving
+    kernel_since: float | None = None  # blocked in the kernel at every poll since, idle
 
     @classmethod
     def start(cls, proc: JobProcess, now: float) -> _Watched | None:
@@ -56,7 +65,8 @@ class _Watched:
         counters = read_counters(handle, now)
         if counters is None:
             return None
-        return cls(proc, handle, counters, counters=counters, tree=TreeMeter(proc.pid))
+        meters = {"tree": TreeMeter(proc.pid), "logs": LogMeter(proc.pid)}
+        return cls(proc, handle, counters, counters=counters, **meters)
 
     def sample(self, now: float) -> bool:
         """Read the counters (CPU time, I/O, context switches), its descendants' too; False
@@ -74,14 +84,18 @@ class _Watched:
         if now - self.window.at >= MIN_CPU_WINDOW:  # shorter windows give noisy rates
             found = rates(self.window, counters)
             kids = self.tree.window(now, self.parts) if self.tree else TreeRates()
+            logged = (self.logs.window() if self.logs else 0) / (counters.at - self.window.at)
             self.utilization = found["cpu"] if found else None
             self.window = counters
             if found and "io" in found:
-                io, disk = found["io"] + kids.io, found.get("disk", 0.0) + kids.disk
-                self.windows.append((now, io, disk, kids.cpu))
-        moving = bool(self.windows) and at_work(*self.windows[-1][1:])
-        in_kernel = status == psutil.STATUS_DISK_SLEEP and not moving
-        self.kernel_since = (self.kernel_since or now) if in_kernel else None
+                io = max(0.0, found["io"] - logged) + kids.io
+                disk = max(0.0, found.get("disk", 0.0) - logged) + kids.disk
+                self.windows.append((now, io, disk, kids.cpu, logged))
+        moving = bool(self.windows) and at_work(*self.windows[-1][1:4])
+        idle = (self.utilization or 0.0) < BUSY_CPU or status == psutil.STATUS_DISK_SLEEP
+        wait = main_wait(self.proc.pid) if idle and not moving else None
+        stuck = wait is not None and wait.stuck
+        self.kernel_since = (self.kernel_since or now) if stuck else None
         return True
 
 
@@ -228,14 +242,15 @@ class NodeWatch:
         return found
 
     def in_kernel_since(self) -> dict[int, float]:
-        """The live ranks in state D at every poll with nothing moving, and since when (a rank
-        blocked on storage that does not answer: ``diagnose.storage``)."""
+        """The live ranks blocked in the kernel (D, or asleep in a file operation) at every
+        poll with nothing moving, and since when (storage that does not answer:
+        ``diagnose.storage``)."""
         return {r: w.kernel_since for r, w in self.live.items() if w.kernel_since is not None}
 
     def ranks_at_work(self) -> list[int]:
         """The live ranks whose last poll window shows work by them or their descendants
         (``evidence.counters.at_work``): the in-flight sensor's "nothing moving data"."""
-        return sorted(r for r, w in self.live.items() if w.windows and at_work(*w.windows[-1][1:]))
+        return sorted(r for r, w in self.live.items() if w.windows and at_work(*w.windows[-1][1:4]))
 
     def cpu(self) -> dict[int, float]:
         """Recent CPU use by pid."""

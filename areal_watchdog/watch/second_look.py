@@ -47,6 +47,7 @@ from areal_watchdog.evidence.model import BLOCKED, RUNNING, Evidence, RankEviden
 
 # Causes whose processes keep moving while nothing progresses.
 RETRY_LOOPS = frozenset({"workflow_failing"})
+STACKS_MOVED = "the stacks of pid"  # how ``moved`` names processes whose stacks moved
 # Calls that wait by polling: what is below them changes between samples, they do not.
 WAITS = ROLLOUT_CALLS | {"wait"}
 
@@ -84,8 +85,9 @@ class Marks:
     servers: dict[str, ServerWork]
     gpus: dict[int, GpuWork] = field(default_factory=dict)  # rank -> its GPU
     # pid -> its rate windows (end, bytes read and written a second, bytes to storage a
-    # second, cores its descendants burned), its descendants' bytes included
-    io: dict[int, tuple[tuple[float, float, float, float], ...]] = field(default_factory=dict)
+    # second, cores its descendants burned, bytes written to its own logs a second), its
+    # descendants' bytes included and its log writes not
+    io: dict[int, tuple[tuple[float, ...], ...]] = field(default_factory=dict)
     labels: dict[int, str] = field(default_factory=dict)  # pid -> ``rank 0``, for people
     tcp: dict[int, tuple[float, int]] = field(default_factory=dict)  # pid -> (at, TCP bytes)
 
@@ -123,14 +125,25 @@ def moved(
         found.append(f"tasks of pid {', '.join(map(str, done[:5]))} completed")
     if steps_only:
         return found
-    changed = sorted(
+    changed = sorted(stacks_moved(first, second))
+    if changed:
+        found.append(f"{STACKS_MOVED} {', '.join(map(str, changed[:5]))} changed")
+    return found
+
+
+def stacks_moved(first: Marks, second: Marks) -> set[int]:
+    """The processes whose working thread was in more than one function over the looks."""
+    return {
         pid
         for pid, functions in second.functions.items()
         if pid in first.functions and len(functions | first.functions[pid]) > 1
-    )
-    if changed:
-        found.append(f"the stacks of pid {', '.join(map(str, changed[:5]))} changed")
-    return found
+    }
+
+
+def only_stacks_moved(what: list[str]) -> bool:
+    """Only stacks moved between the looks: no step, no data, no GPU, no server, no task (a
+    livelock moves so; so does an evaluation, which is why time decides)."""
+    return bool(what) and all(line.startswith(STACKS_MOVED) for line in what)
 
 
 def busy_servers(first: Marks, second: Marks) -> list[str]:
@@ -232,16 +245,18 @@ def _tcp(process: RankEvidence) -> tuple[float, int] | None:
     return None
 
 
-def _windows(process: RankEvidence) -> tuple[tuple[float, float, float, float], ...]:
-    """Its rate windows; one recorded before descendants were counted has no fourth value."""
+def _windows(process: RankEvidence) -> tuple[tuple[float, ...], ...]:
+    """Its rate windows, each of five values (one recorded before descendants and logs were
+    told apart has three: the rest are 0)."""
     counters = process.counters or {}
     found = []
     for window in counters.get("io_windows") or []:
         try:
-            at, io, disk, *children = (float(v) for v in window)
+            values = [float(v) for v in window][:5]
         except (TypeError, ValueError):
             continue
-        found.append((at, io, disk, children[0] if children else 0.0))
+        if len(values) >= 3:
+            found.append(tuple(values + [0.0] * (5 - len(values))))
     return tuple(found)
 
 

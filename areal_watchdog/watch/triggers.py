@@ -44,7 +44,7 @@ class Snapshot:
     in_flight_op: str  # that collective's operation
     silent_nodes: tuple[str, ...]  # peers that stopped answering
     servers_refusing: tuple[str, ...]  # inference servers that answered once and now refuse
-    in_kernel_for: float  # the longest any rank is in state D with nothing moving (0: none)
+    in_kernel_for: float  # the longest any rank is blocked on a file, nothing moving (0: none)
     ended_nodes: int  # nodes whose job ended (exit record written)
     n_nodes: int  # nodes whose end is the job's end (AReaL on Slurm: the controller's host)
     silent_job_nodes: int  # of those, how many stopped answering
@@ -136,8 +136,9 @@ def _server_refused(snap: Snapshot, reported: Reported) -> Rule:
 
 
 def _in_kernel(snap: Snapshot, reported: Reported) -> Rule:
-    """Ranks blocked in the kernel (state D) with nothing moving for ``BLOCKED_IN_KERNEL_S``: a
-    look now, warm-up or not (storage that stopped answering holds every step that reads it)."""
+    """Ranks blocked in the kernel (D, or asleep in a file operation) with nothing moving for
+    ``BLOCKED_IN_KERNEL_S``: a look now, warm-up or not (storage that stopped answering holds
+    every step that reads it)."""
     if snap.ending_on_purpose or reported.silence or reported.failure or not _running(snap):
         return None, reported
     if snap.in_kernel_for < BLOCKED_IN_KERNEL_S:

@@ -13,6 +13,10 @@ at ``demo.hang_step``:
   p2p_mismatch         the rank waits in recv for a send that never comes
   crash                the rank raises an exception
   quiet_exit           the rank exits with code 0 while the others go on
+  livelock             the rank retries a batch through normalize, tokenize and validate for
+                       ever (its stack moves, nothing comes of it) while the others wait
+  retry_flood          the rank retries a refused connection with no back-off, logging a
+                       warning per try to stderr (a log flood, no work), while the others wait
   child_blocked        the rank runs a helper command that asks a question nobody answers
                        (its stdin a pipe nobody writes to) and waits for it forever
   node_lost            the rank freezes its whole node (every process of this Slurm job on it,
@@ -36,8 +40,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -121,6 +127,10 @@ class Trainer:
             busy_reward_model()
         if misbehave == "child_blocked":
             ask_nobody()
+        if misbehave == "retry_flood":
+            retry_for_ever()
+        if misbehave == "livelock":
+            retry_the_batch()
         if misbehave == "collective_stuck":
             freeze_soon(0.5)
         if misbehave == "node_lost":
@@ -140,6 +150,41 @@ def busy_reward_model() -> None:
     total = 0
     while True:  # a reward computation that never finishes
         total += 1
+
+
+def retry_the_batch() -> None:
+    """A retry loop that never succeeds, through several functions: every sample of it lands
+    in another one, and nothing leaves the rank."""
+    text = "a prompt whose answer never validates " * 200
+    while True:
+        tokens = tokenize(normalize(text))
+        validate(tokens)
+
+
+def normalize(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def tokenize(text: str) -> list[int]:
+    return [sum(map(ord, word)) % 50257 for word in text.split()]
+
+
+def validate(tokens: list[int]) -> bool:
+    return sum(tokens) < 0  # never
+
+
+def retry_for_ever() -> None:
+    """Fetch a reward from a service that refuses connections, retrying at once and logging
+    every failure (about 0.2 MB/s to stderr)."""
+    log = logging.getLogger("reward-client")
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            socket.create_connection(("127.0.0.1", 9), timeout=1).close()
+        except OSError as exc:
+            log.warning("reward service unreachable (try %d): %s; retrying", tries, exc)
+            time.sleep(0.0005)
 
 
 def ask_nobody() -> None:
