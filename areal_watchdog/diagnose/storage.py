@@ -17,10 +17,9 @@ from typing import Any
 from areal_watchdog.common.rankset import ranks_phrase
 from areal_watchdog.diagnose.phrases import cap, is_are
 from areal_watchdog.diagnose.verdict import Verdict
-from areal_watchdog.evidence.kernel_wait import KernelWait
+from areal_watchdog.evidence.kernel_wait import WAIT_CALLS, KernelWait
 from areal_watchdog.evidence.model import BLOCKED, RUNNING, Evidence, RankEvidence
 
-WAIT_CALLS = frozenset({"wait4", "waitid"})  # a process waiting for a child to end
 BLOCKED_IN_KERNEL_S = 8.0  # in D with no data moving this long: the storage does not answer
 CANCEL_NOTE = (
     "A cancel may not end them: a wait the storage server has taken (FUSE), or one that is "

@@ -40,6 +40,7 @@ PATH_ARG = {"open": 0, "stat": 0, "lstat": 0, "access": 0, "truncate": 0, "mkdir
             "unlink": 0, "rename": 0, "openat": 1, "newfstatat": 1, "statx": 1}  # fmt: skip
 STORAGE_CALLS = FD_CALLS | frozenset(PATH_ARG)  # calls that wait on a filesystem
 NOT_STORAGE = ("/dev/", "/proc/", "/sys/")  # files whose reads wait on no storage (a terminal)
+WAIT_CALLS = frozenset({"wait4", "waitid"})  # a process waiting for a child to end
 PATH_MAX = 4096
 
 

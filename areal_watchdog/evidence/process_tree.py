@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from areal_watchdog.evidence.counters import Counters, rates, read_counters
+from areal_watchdog.evidence.counters import CHILDREN_CPU_FLOOR, Counters, rates, read_counters
 from areal_watchdog.evidence.kernel_wait import kernel_waits
 from areal_watchdog.evidence.pyspy import StackError, dump_pyspy
 
@@ -114,21 +114,19 @@ class TreeMeter:
 
 
 def describe_children(
-    pids: list[int], cpu: dict[int, float], timeout: float
+    pids: list[int], cpu: dict[int, float], timeout: float, waited: bool
 ) -> list[dict[str, Any]]:
     """What each descendant is doing, for a report: its command line, state, kernel wait and,
-    where py-spy reads it (a Python child), its innermost frames. Dumped in parallel, each
-    under ``timeout``; a child that is no Python process has its kernel wait only."""
+    where it matters (the process waits for a child, or the child is stuck on a file or
+    works) and py-spy reads it (a Python child), its innermost frames. Dumped in parallel,
+    each under ``timeout``: an idle DataLoader worker is listed, never suspended for a stack."""
     shown = pids[:CHILDREN_SHOWN]
     with ThreadPoolExecutor(max_workers=max(1, len(shown))) as pool:
-        return [
-            entry
-            for entry in pool.map(lambda pid: _child(pid, cpu.get(pid), timeout), shown)
-            if entry is not None
-        ]
+        found = pool.map(lambda pid: _child(pid, cpu.get(pid), timeout, waited), shown)
+        return [entry for entry in found if entry is not None]
 
 
-def _child(pid: int, cpu: float | None, timeout: float) -> dict[str, Any] | None:
+def _child(pid: int, cpu: float | None, timeout: float, waited: bool) -> dict[str, Any] | None:
     try:
         handle = psutil.Process(pid)
         argv, parent = handle.cmdline(), handle.ppid()
@@ -145,8 +143,11 @@ def _child(pid: int, cpu: float | None, timeout: float) -> dict[str, Any] | None
     }
     if cpu is not None:
         entry["cpu_utilization"] = round(cpu, 3)
+    stuck = bool(waits) and waits[0].stuck
+    if not (waited or stuck or (cpu or 0.0) >= CHILDREN_CPU_FLOOR):
+        return entry
     try:
-        threads = dump_pyspy(pid, timeout)
+        threads = dump_pyspy(pid, timeout, nonblocking=stuck)
     except StackError:
         return entry
     busiest = next((t for t in threads if t.active), threads[0] if threads else None)

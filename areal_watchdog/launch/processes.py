@@ -63,21 +63,25 @@ IN_KERNEL_GRACE = 2.0  # seconds for ranks in D: a SIGTERM they handle waits on 
 
 
 def _wait_unless_in_kernel(job: subprocess.Popen, run_id: str, grace: float) -> None:
-    """Wait up to ``grace`` for the job to end; where a process of the run stays blocked in the
-    kernel (a read from storage that stopped answering) for ``IN_KERNEL_GRACE``, kill the run
-    at once: a rank that handles SIGTERM does so only once its wait ends, and a killable wait
-    (FUSE's, NFS's) ends at a SIGKILL."""
+    """Wait up to ``grace`` for the job to end; where a process of the run is blocked in the
+    kernel (a read from storage that stopped answering) at two checks a second apart after
+    ``IN_KERNEL_GRACE``, kill the run at once: a rank that handles SIGTERM does so only once
+    its wait ends, and a killable wait (NFS's) ends at a SIGKILL. A job that ends in time is
+    never checked."""
     deadline = time.monotonic() + grace
-    seen: dict[int, int] = {}  # pid -> checks in a row it was in D
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        job.wait(timeout=min(grace, IN_KERNEL_GRACE))
+        return
+    before: set[int] = set()
     while time.monotonic() < deadline:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            job.wait(timeout=0.5)
-            return
-        now_in = blocked_in_kernel(run_id)
-        seen = {pid: seen.get(pid, 0) + 1 for pid in now_in}
-        if any(count * 0.5 >= IN_KERNEL_GRACE for count in seen.values()):
+        blocked = blocked_in_kernel(run_id)
+        if blocked & before:
             kill_run_processes(run_id)
             job.wait(timeout=max(0.1, deadline - time.monotonic()))
+            return
+        before = blocked
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            job.wait(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
             return
     raise subprocess.TimeoutExpired(job.args, grace)
 

@@ -23,7 +23,7 @@ from areal_watchdog.evidence.gather import (
     gather_workers,
 )
 from areal_watchdog.evidence.gpu import GpuBackend, IdleTracker, NoGpu
-from areal_watchdog.evidence.kernel_wait import kernel_waits, main_wait
+from areal_watchdog.evidence.kernel_wait import WAIT_CALLS, kernel_waits, main_wait
 from areal_watchdog.evidence.log_writes import LogMeter
 from areal_watchdog.evidence.model import BLOCKED, RUNNING, RankEvidence
 from areal_watchdog.evidence.process_tree import TreeMeter, TreeRates, describe_children
@@ -203,10 +203,12 @@ class NodeWatch:
         for item in items:
             if item.pid is None or item.state not in (BLOCKED, RUNNING):
                 continue
-            item.kernel_waits = [w.to_dict() for w in kernel_waits(item.pid)]
+            waits = kernel_waits(item.pid)
+            item.kernel_waits = [w.to_dict() for w in waits]
             tree = trees.get(item.pid)
             if tree is not None and tree.pids():
-                item.children = describe_children(tree.pids(), tree.cpu, min(timeout, 2.0))
+                waited = bool(waits) and waits[0].syscall in WAIT_CALLS
+                item.children = describe_children(tree.pids(), tree.cpu, min(timeout, 2.0), waited)
 
     def worker_evidence(self, settings: GatherSettings) -> list[RankEvidence]:
         """A stack from every other live part of the job here and from the helpers the parts
