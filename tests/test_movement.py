@@ -6,7 +6,9 @@ blocked in a collective moves about 0.3 KB/s through read and write calls while 
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
 import subprocess
 import sys
 import time
@@ -20,6 +22,7 @@ from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.diagnose.strength import strength
 from areal_watchdog.evidence.counters import rates, read_counters, real_data
 from areal_watchdog.evidence.model import RUNNING, Evidence, Frame
+from areal_watchdog.evidence.process_tree import TreeMeter
 from areal_watchdog.evidence.sockets import parse_ss
 from areal_watchdog.watch.escalation import summary_prefix
 from areal_watchdog.watch.second_look import marks, moved
@@ -246,6 +249,39 @@ def test_a_ranks_children_at_work_are_its_movement() -> None:
     idle = [[float(i + 1), 0.0, 0.0, 0.05, 0.0] for i in range(6)]
     first, second = with_windows(evidence, pid, idle[:3]), with_windows(evidence, pid, idle)
     assert moved(marks(first, 3), marks(second, 3)) == []
+
+
+SPIN = [sys.executable, "-c", "while True: pass"]
+
+
+def test_a_starved_child_counts_by_the_cores_it_wants() -> None:
+    """A CPU-bound child sharing one core with a hog runs about half the time; the tree counts
+    what it wants (ran plus waited to run), so a node whose cores are all taken does not turn
+    DataLoader workers into idle children."""
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys\n"
+                               f"subprocess.run({SPIN!r})"])  # fmt: skip
+    hog = subprocess.Popen(SPIN)
+    try:
+        meter, deadline = TreeMeter(parent.pid), time.time() + 10
+        while not meter.pids() and time.time() < deadline:
+            meter.window(time.time())
+            time.sleep(0.1)
+        (child,) = meter.pids()
+        for pid in (child, hog.pid):
+            os.sched_setaffinity(pid, {min(os.sched_getaffinity(0))})
+        meter.window(time.time())
+        ran = psutil.Process(child).cpu_times()
+        time.sleep(1.5)
+        tree = meter.window(time.time())
+        got = (sum(psutil.Process(child).cpu_times()[:2]) - sum(ran[:2])) / 1.5
+        assert got < 0.75 and tree.cpu > 0.85, (got, tree)
+    finally:
+        for process in (parent, hog):
+            family = psutil.Process(process.pid).children(recursive=True)
+            for member in [psutil.Process(process.pid), *family]:
+                with contextlib.suppress(psutil.Error):
+                    member.kill()
+            process.wait()
 
 
 def test_a_log_flood_is_no_data_and_the_hard_limit_ends_it() -> None:

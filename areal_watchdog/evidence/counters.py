@@ -28,9 +28,11 @@ IO_FLOOR = 64 * 1024.0  # bytes read and written a second (rchar + wchar)
 DISK_FLOOR = 1024 * 1024.0  # bytes to and from storage a second (read_bytes + write_bytes)
 
 
-# Cores a process's descendants burn while it waits on them: DataLoader workers decoding a
+# Cores a process's descendants want while it waits on them: DataLoader workers decoding a
 # long document, a compile worker, a checksum of a copy. Its own CPU is no movement (a rank
 # spinning forever burns it too); its children's is work it waits for (evidence.process_tree).
+# Measured as demand (time on a CPU plus time runnable on a run queue, ``/proc/PID/schedstat``):
+# on a node whose cores are all taken a CPU-bound worker gets 0.2 cores but wants 1.
 CHILDREN_CPU_FLOOR = 0.3
 
 
@@ -61,6 +63,7 @@ class Counters:
     read_bytes: int | None = None
     write_bytes: int | None = None
     switches: int | None = None  # voluntary and involuntary context switches
+    runnable_s: float | None = None  # on a CPU or waiting on a run queue for one, all told
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,7 +87,18 @@ def read_counters(handle: psutil.Process, now: float) -> Counters | None:
     except psutil.Error:
         return None
     fields = (io.read_chars, io.write_chars, io.read_bytes, io.write_bytes) if io else (None,) * 4
-    return Counters(now, times.user + times.system, *fields, switches)
+    return Counters(now, times.user + times.system, *fields, switches, _runnable(handle.pid))
+
+
+def _runnable(pid: int) -> float | None:
+    """Seconds ``pid`` ran or waited to run (``schedstat``'s first two fields, nanoseconds);
+    None where the kernel keeps no scheduler statistics."""
+    try:
+        with open(f"/proc/{pid}/schedstat", "rb") as stats:
+            ran, waited = stats.read().split()[:2]
+        return (int(ran) + int(waited)) / 1e9
+    except (OSError, ValueError):
+        return None
 
 
 def _io(handle: psutil.Process) -> Any:
@@ -104,9 +118,10 @@ def _switches(handle: psutil.Process) -> int | None:
 
 
 def rates(before: Counters, after: Counters) -> dict[str, float] | None:
-    """Per second between two readings of one process: ``cpu`` (cores), ``io`` (bytes read
-    and written), ``disk`` (bytes to and from storage), ``switches``; None when they are not
-    ordered in time. A counter either reading lacks is left out."""
+    """Per second between two readings of one process: ``cpu`` (cores), ``demand`` (cores it
+    ran on or waited for), ``io`` (bytes read and written), ``disk`` (bytes to and from
+    storage), ``switches``; None when they are not ordered in time. A counter either reading
+    lacks is left out."""
     seconds = after.at - before.at
     if seconds <= 0:
         return None
@@ -116,6 +131,7 @@ def rates(before: Counters, after: Counters) -> dict[str, float] | None:
         "disk": (_sum(before.read_bytes, before.write_bytes),
                  _sum(after.read_bytes, after.write_bytes)),
         "switches": (before.switches, after.switches),
+        "demand": (before.runnable_s, after.runnable_s),
     }  # fmt: skip
     for name, (old, new) in pairs.items():
         if old is not None and new is not None:

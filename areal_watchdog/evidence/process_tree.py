@@ -59,7 +59,8 @@ def descendant_pids(
 @dataclass(frozen=True)
 class TreeRates:
     """What a process's descendants did over one window, a second: ``io`` bytes read and
-    written, ``disk`` bytes to and from storage, ``cpu`` cores; ``count`` of them seen."""
+    written, ``disk`` bytes to and from storage, ``cpu`` cores they ran on or waited for
+    (``counters.CHILDREN_CPU_FLOOR``); ``count`` of them seen."""
 
     io: float = 0.0
     disk: float = 0.0
@@ -92,8 +93,9 @@ class TreeMeter:
             found = rates(before, reading) if before is not None else None
             if found:
                 io, disk = io + found.get("io", 0.0), disk + found.get("disk", 0.0)
-                cpu += found["cpu"]
-                self.cpu[pid] = found["cpu"]
+                wanted = max(found["cpu"], found.get("demand", 0.0))
+                cpu += wanted
+                self.cpu[pid] = wanted
         for pid in set(self.base) - set(alive):
             del self.base[pid]
             self.handles.pop(pid, None)
