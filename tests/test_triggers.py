@@ -31,6 +31,7 @@ HEALTHY = Snapshot(
     in_flight_op="",
     silent_nodes=(),
     servers_refusing=(),
+    server_awaited="",
     in_kernel_for=0.0,
     ended_nodes=0,
     n_nodes=2,
@@ -63,6 +64,18 @@ def test_a_server_that_refuses_connections_opens_a_look_at_once_whatever_the_thr
     assert triggers(dead, reported) == []
     assert triggers(dead, Reported(failure=True)) == []
     assert triggers(replace(dead, ending_on_purpose=True)) == []
+
+
+def test_a_server_keeping_a_call_waiting_opens_a_look_once_warm_up_or_not() -> None:
+    """Long before the threshold, once a silence; never before the first step, after a
+    failure reported first, or on purpose."""
+    held = replace(HEALTHY, server_awaited="inference server 127.0.0.1:30001 has not answered")
+    actions, reported = decide(held, NOTHING_YET)
+    assert [(a.trigger, a.awaited) for a in actions] == [(Trigger.SERVER_CALL, held.server_awaited)]
+    assert triggers(held, reported) == []
+    assert triggers(replace(held, first_step_seen=False)) == []
+    assert triggers(held, Reported(failure=True)) == []
+    assert triggers(replace(held, ending_on_purpose=True)) == []
 
 
 def test_a_silence_is_suspected_then_reported_once() -> None:

@@ -17,6 +17,7 @@ class Trigger(str, Enum):
     GPU_IDLE = "gpu_idle"  # every GPU idle or spinning, and no progress
     IN_FLIGHT = "collective_in_flight"  # all but a few ranks wait in one collective
     SERVER_REFUSED = "server_refused"  # an inference server that answered refuses connections
+    SERVER_CALL = "server_call_awaited"  # one server keeps a call waiting that others answered
     IN_KERNEL = "blocked_in_kernel"  # ranks in state D with no data moving (storage, mostly)
     RANK_EXITED = "rank_exited"  # a rank ended while others live on
     NODE_SILENT = "node_silent"  # a peer sidecar stopped answering
@@ -29,5 +30,6 @@ SILENCES = (
     Trigger.GPU_IDLE,
     Trigger.IN_FLIGHT,
     Trigger.SERVER_REFUSED,
+    Trigger.SERVER_CALL,
     Trigger.IN_KERNEL,
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from areal_watchdog.diagnose.server_calls import AwaitedServer
 from areal_watchdog.evidence.trigger import SILENCES, Trigger
 from areal_watchdog.watch.coordination import ENDED_STATES
 from areal_watchdog.watch.in_flight import Reading, stuck_for
@@ -51,6 +52,7 @@ class Leader:
             in_flight_op=op,
             silent_nodes=tuple(silent),
             servers_refusing=self.servers_refusing(),
+            server_awaited=self.server_awaited(),
             in_kernel_for=self.in_kernel_for(now),
             ended_nodes=len([n for n in exits if n in job_nodes]),
             n_nodes=len(job_nodes),
@@ -86,6 +88,8 @@ class Leader:
                 f"inference server(s) {', '.join(action.servers)} refuse connections: gathering "
                 f"evidence from {alive}"
             )
+        elif action.trigger is Trigger.SERVER_CALL:
+            self.say(f"{action.awaited}: gathering evidence from {alive}")
         elif action.trigger is Trigger.IN_KERNEL:
             self.say(
                 f"ranks blocked in a file operation for {self.in_kernel_for(now):.0f} s with "
@@ -102,6 +106,16 @@ class Leader:
             self.incidents.open(action.trigger, self.statuses, action.lost)
         if action.say is Say.FINISHED:
             self.finish()
+
+    def server_awaited(self) -> str:
+        """The furthest past its limit of the servers keeping a call waiting, by this node's
+        sensor or a peer's published one, said as a phrase; "" when none is."""
+        found = [self.server_calls.awaited] if self.server_calls.awaited else []
+        for node, status in self.statuses.items():
+            peer = AwaitedServer.from_dict(status.get("server_awaited"))
+            if node != self.node and peer is not None:
+                found.append(peer)
+        return max(found, key=lambda a: a.past).phrase() if found else ""
 
     def in_flight_over(self, now: float) -> tuple[float, str]:
         """The sensor's readings of every node (this one's, and those the peers published). No

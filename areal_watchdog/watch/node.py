@@ -293,6 +293,15 @@ class NodeWatch:
         return [address for address, since in self.pulse.refused().items()
                 if not any(at >= since - TEARDOWN_WINDOW_S for at in ended)]  # fmt: skip
 
+    def client_pids(self) -> set[int]:
+        """The job's live processes here and their descendants, the servers' own left out:
+        whoever may call a server (a rollout worker's process pool sends weight updates)."""
+        found: set[int] = set()
+        for watched in (*self.live.values(), *self.workers.values()):
+            if watched.proc.pid not in self.server_pids:
+                found |= {watched.proc.pid, *(watched.tree.pids() if watched.tree else [])}
+        return found
+
     def servers(self) -> list[str]:
         """The inference servers found running here (AReaL starts them without name_resolve
         records in single-controller mode: their command line says where they listen)."""

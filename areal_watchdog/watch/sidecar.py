@@ -46,6 +46,7 @@ from areal_watchdog.watch.node import NodeWatch
 from areal_watchdog.watch.progress import HeartbeatState, StallClock, default_log_patterns
 from areal_watchdog.watch.progress_watch import ProgressWatch
 from areal_watchdog.watch.scheduler import placement
+from areal_watchdog.watch.server_calls import ServerCallSensor
 from areal_watchdog.watch.standby import wait_for_node_lock
 from areal_watchdog.watch.status_keeper import StatusKeeper
 from areal_watchdog.watch.status_publisher import StatusPublisher
@@ -106,6 +107,7 @@ class Sidecar(JobEnd, Leader, ProgressWatch, StatusPublisher):
             drawings=Drawings(self.log, self.notifier.submit_picture),
         )  # fmt: skip
         self.in_flight = InFlightSensor(self.layout)
+        self.server_calls = ServerCallSensor()
         self.statuses: dict[str, dict[str, Any]] = {}
         self.published: dict[str, Any] = {}  # what peers act on, as last published
         self.own_exit: dict[str, Any] | None = None  # this node's job_exit record, once seen
@@ -244,9 +246,9 @@ class Sidecar(JobEnd, Leader, ProgressWatch, StatusPublisher):
         sensing = clock.stepped and self.incidents.case is None and not clock.stalled(now)
         sensing = sensing and not clock.tearing_down
         sensing = sensing and (leading or due)
-        self.in_flight.poll(
-            now, clock.silent_for(now) if sensing else None, clock.stats["median"], self.watch
-        )
+        silent_for = clock.silent_for(now) if sensing else None
+        self.in_flight.poll(now, silent_for, clock.stats["median"], self.watch)
+        self.server_calls.poll(silent_for, self.watch)
         self.answer_request()
         if self.own_exit is None and (leading or due) and not self.watch.live:
             self.own_exit = self.exit_record(self.node)  # read only while no rank runs here

@@ -43,6 +43,7 @@ class StatusPublisher:
             "last_incident": str(written[-1]) if written else None,
             "pace": self.pace().to_dict(),
             "in_flight": self.in_flight.reading.to_dict() if self.in_flight.reading else None,
+            "server_awaited": awaited.to_dict() if (awaited := self.server_calls.awaited) else None,
             **self.watch.summary(),
         }
 

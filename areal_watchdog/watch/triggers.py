@@ -44,6 +44,7 @@ class Snapshot:
     in_flight_op: str  # that collective's operation
     silent_nodes: tuple[str, ...]  # peers that stopped answering
     servers_refusing: tuple[str, ...]  # inference servers that answered once and now refuse
+    server_awaited: str  # an inference server keeping a call waiting past its limit ("": none)
     in_kernel_for: float  # the longest any rank is blocked on a file, nothing moving (0: none)
     ended_nodes: int  # nodes whose job ended (exit record written)
     n_nodes: int  # nodes whose end is the job's end (AReaL on Slurm: the controller's host)
@@ -70,6 +71,7 @@ class Action:
     lost: tuple[str, ...] = ()
     op: str = ""  # the collective every rank waits in (``IN_FLIGHT``)
     servers: tuple[str, ...] = ()  # the servers that refuse connections (``SERVER_REFUSED``)
+    awaited: str = ""  # what the awaited server keeps waiting (``SERVER_CALL``)
 
 
 def decide(snap: Snapshot, reported: Reported) -> tuple[list[Action], Reported]:
@@ -77,7 +79,7 @@ def decide(snap: Snapshot, reported: Reported) -> tuple[list[Action], Reported]:
     actions: list[Action] = []
     rules = (
         _node_silent, _job_ended, _rank_exited, _server_refused, _in_kernel, _gpu_idle,
-        _in_flight, _suspected, _stall,
+        _in_flight, _server_call, _suspected, _stall,
     )  # fmt: skip
     for rule in rules:
         action, reported = rule(snap, reported)
@@ -164,6 +166,18 @@ def _in_flight(snap: Snapshot, reported: Reported) -> Rule:
     if not snap.first_step_seen or snap.stalled or snap.in_flight_over < 0:
         return None, reported
     action = Action(trigger=Trigger.IN_FLIGHT, op=snap.in_flight_op)
+    return action, replace(reported, silence=True)
+
+
+def _server_call(snap: Snapshot, reported: Reported) -> Rule:
+    """The rollout side's sensor: one inference server keeps a call of the job waiting far
+    longer than the same call took elsewhere or before (a weight update it never answers). A
+    look now, warm-up or not; the look's evidence decides."""
+    if snap.ending_on_purpose or reported.silence or reported.failure or not _running(snap):
+        return None, reported
+    if not snap.first_step_seen or snap.stalled or not snap.server_awaited:
+        return None, reported
+    action = Action(trigger=Trigger.SERVER_CALL, awaited=snap.server_awaited)
     return action, replace(reported, silence=True)
 
 

@@ -25,6 +25,7 @@ from areal_watchdog.watch.in_flight import InFlightSensor
 from areal_watchdog.watch.job_end import JobEnd
 from areal_watchdog.watch.leader import Leader
 from areal_watchdog.watch.progress import StallClock
+from areal_watchdog.watch.server_calls import ServerCallSensor
 from areal_watchdog.watch.triggers import Reported
 
 THRESHOLD = 30.0
@@ -95,6 +96,7 @@ class Node(JobEnd, Leader):
             told=[], ended_well=lambda: self.notifier.told.append("ended well")
         )
         self.in_flight = InFlightSensor(self.layout)  # it read nothing: no rank was asked
+        self.server_calls = ServerCallSensor()  # nor any server
         self.own_exit: dict[str, Any] | None = None
         self.gone_since: float | None = None
         self.lines: list[str] = []
