@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from areal_watchdog.diagnose.exceptions import repeated_exception
 from areal_watchdog.diagnose.frames import bare, display_path, is_library_path
 from areal_watchdog.diagnose.phrases import cap, count, is_are, noun, verb
 from areal_watchdog.diagnose.rollout_evidence import (
@@ -246,16 +247,18 @@ def _workflow_stuck(evidence: Evidence) -> _Cause | None:
 
 
 def _workflow_failing(evidence: Evidence) -> _Cause | None:
-    rejected = max((len(_REJECTED.findall(p.log_tail)) for p in evidence.processes()), default=0)
+    tails = [p.log_tail for p in evidence.processes()]
+    rejected, tail = max(((len(_REJECTED.findall(t)), t) for t in tails), default=(0, ""))
     if rejected < REJECTIONS_FOR_FAILING:
         return None
-    return _Cause(
-        "workflow_failing",
-        0.75,
-        [],
+    why = (
         f"episodes keep failing and being rejected ({rejected} rejections in one log tail), "
-        "so the batch never fills",
+        "so the batch never fills"
     )
+    found = repeated_exception(tail)
+    if found is not None:
+        why += f"; the same exception each time ({found[1]} times): `{found[0]}`"
+    return _Cause("workflow_failing", 0.75, [], why)
 
 
 def _staleness_blocked(evidence: Evidence) -> _Cause | None:

@@ -89,6 +89,23 @@ def test_episodes_fail_only_when_a_log_tail_rejects_enough_of_them(rejections: i
         assert f"({rejections} rejections in one log tail)" in found.summary
 
 
+def test_every_episode_failing_quotes_the_exception_it_repeats() -> None:
+    """The recorded run of examples/rollout_hangs (every episode raises from step 6): the
+    finding names the exception; AReaL's own traceback form is read the same way."""
+    found = finding(recorded("rollout/workflow_failing.json"))
+    assert found.cause == "workflow_failing"
+    assert "the same exception each time (" in found.summary
+    assert "`ValueError: reward function: cannot parse the answer (None)`" in found.summary
+    evidence = recorded("rollout/staleness_blocked.json")
+    areal = (
+        "WorkflowExecutor ERROR: Workflow execution failed: 'answer'\nTraceback (most "
+        "recent call last):\n  File \"w.py\", line 9, in arun_episode\nKeyError: 'answer'\n"
+    )
+    evidence.ranks[1].log_tail = areal * 4
+    found = finding(evidence)
+    assert found.summary.endswith("the same exception each time (4 times): `KeyError: 'answer'`.")
+
+
 def test_a_capacity_wait_with_a_rollout_in_flight_is_not_blocked_by_staleness() -> None:
     evidence = recorded("rollout/staleness_blocked.json")
     assert finding(evidence).cause == "staleness_blocked"
