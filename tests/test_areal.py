@@ -68,6 +68,7 @@ SPEC = (
 )
 FAST = ["watchdog.stall_timeout=12", "watchdog.poll_interval=0.5"]
 CANCEL_AFTER = "+watchdog.cancel_after=24"  # the hard limit: a tool that never returns
+SHIPPED = ["watchdog.stall_timeout=auto", "watchdog.poll_interval=1"]  # FAST's, back to defaults
 
 needs_areal = pytest.mark.skipif(
     importlib.util.find_spec("areal") is None, reason="the areal package is not installed "
@@ -490,17 +491,21 @@ def test_a_weight_update_one_server_never_answers_names_that_server_and_its_roll
     """Two inference servers; one of them (whichever claims the fault first) applies two weight
     updates from disk and never answers the third. The controller waits in update_weights, that
     server's rollout worker in _update_weights_from_disk: the report names both, not a rank in
-    a "point-to-point send" (the actor's HTTP thread sits in requests' HTTPAdapter.send)."""
+    a "point-to-point send" (the actor's HTTP thread sits in requests' HTTPAdapter.send). At
+    the shipped defaults the look opens when the held call is 5 s old, not at the warm-up's
+    60 s floor."""
     claim = launcher.root / "held-update"
     faults = ["+launch.env.AREAL_STANDIN_HOLD_UPDATE_AFTER=2",
               f"+launch.env.AREAL_STANDIN_HOLD_UPDATE_CLAIM={claim}"]  # fmt: skip
     result = run_areal(
         launcher, harness, "lostupdate", python=areal,
-        overrides=["rollout.backend=sglang:d2", *faults],
+        overrides=["rollout.backend=sglang:d2", *faults, *SHIPPED],
     )  # fmt: skip
     assert result.returncode == 3, result.output[-4000:]
     (report,) = result.reports
     assert report["category"] == "weight_sync_stuck", report["summary"]
+    # the rollout side's sensor, before the warm-up's 60 s floor: the held server's socket
+    assert report["trigger"] == "server_call_awaited", (report["trigger"], result.output[-3000:])
     held = claim.read_text()  # the stand-in that never answers says which it is
     evidence = json.loads(Path(report["files"]["evidence"]).read_text())
     (stuck,) = [  # the rollout worker whose own stacks are still in the update

@@ -13,9 +13,10 @@ from pathlib import Path
 from desk import THRESHOLD, Info, desk, moving, recorded
 
 from areal_watchdog.config.model import WatchdogSection
+from areal_watchdog.evidence.trigger import Trigger
 from areal_watchdog.report.run_status import status_lines
 from areal_watchdog.report.write import prune_oldest
-from areal_watchdog.watch.escalation import summary_prefix
+from areal_watchdog.watch.escalation import Escalation, StallCase, summary_prefix
 from areal_watchdog.watch.second_look import marks, moved
 
 
@@ -28,6 +29,19 @@ def test_conclusive_evidence_ends_the_job_at_the_first_look() -> None:
         "inference_unreachable", "cancel", True
     )  # fmt: skip
     assert report["confirmation"]["by"] == "evidence"
+
+
+def test_a_look_the_server_call_sensor_opened_is_looked_at_again_in_2_s() -> None:
+    """The sensor watched the held call for 5 s before the first look: the second look only
+    checks that nothing moved since, 2 s later, where a stall's waits half a step (10 s at most);
+    a configured confirm_after still rules."""
+    d = desk(recorded("evidence/collective_mismatch_w4_r2.json"))
+    usual = min(10.0, THRESHOLD / 2)
+    for trigger, delay in ((Trigger.STALL, usual), (Trigger.SERVER_CALL, 2.0)):
+        d.case = StallCase(trigger, 3, (), d.info.watchdog.on_hang)
+        assert Escalation.confirm_delay(d) == delay
+    d.info = Info(WatchdogSection(on_hang="cancel", confirm_after=6))
+    assert Escalation.confirm_delay(d) == 6
 
 
 def test_a_dismissed_look_is_looked_at_again_and_a_later_look_confirms() -> None:

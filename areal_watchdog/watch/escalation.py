@@ -56,6 +56,7 @@ from areal_watchdog.watch.second_look import (
     stacks_moved,
 )
 
+MIN_CONFIRM_S = 2.0  # the shortest wait between the two looks of a silence
 CANCEL_AFTER_FACTOR = 5.0  # the default hard limit, in stall thresholds or step intervals
 # The least default hard limit under a learned threshold: a threshold of seconds starts looks,
 # but a silent phase that moves (an evaluation on the GPU, a checkpoint written) is ended only
@@ -137,11 +138,14 @@ class Escalation:
     def confirm_delay(self) -> float:
         """Seconds between the two looks: ``watchdog.confirm_after``, or by default half the
         stall threshold (while it is still the warm-up's floor, half of what the steps so far
-        would give), between 2 and 10 s."""
+        would give), between 2 and 10 s; 2 s after the rollout side's sensor, which watched
+        the held call for 5 s and five times its usual before the first look."""
         configured = self.info.watchdog.confirm_after
         if configured is not None:
             return configured
-        return round(min(10.0, max(2.0, self.clock.stepping_basis / 2)), 1)
+        if self.case is not None and self.case.trigger is Trigger.SERVER_CALL:
+            return MIN_CONFIRM_S
+        return round(min(10.0, max(MIN_CONFIRM_S, self.clock.stepping_basis / 2)), 1)
 
     def judge(self, look: Look) -> None:
         """A first look at the silence: act, wait for a second look, or wait for time (each

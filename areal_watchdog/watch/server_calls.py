@@ -30,6 +30,8 @@ class ServerCallSensor:
     took: dict[tuple[int, str], float] = field(default_factory=dict)
     # (pid, server) -> (when the newest answered call was sent, how long its answer took)
     answers: dict[tuple[int, str], tuple[float, float]] = field(default_factory=dict)
+    # (pid, server) -> when the call awaited at the last reading was sent
+    pending: dict[tuple[int, str], float] = field(default_factory=dict)
     awaited: AwaitedServer | None = None
 
     def poll(self, silent_for: float | None, watch: NodeWatch) -> None:
@@ -43,14 +45,27 @@ class ServerCallSensor:
         calls = read_server_calls(watch.client_pids(), servers)
         self.awaited = awaited_server(calls + self.remember(now, calls), self.took)
 
+    def learn(self, key: tuple[int, str], sent: float, took: float) -> None:
+        self.took[key] = max(self.took.get(key, 0.0), took)
+        self.answers[key] = (sent, took)
+
+    def ended(self, now: float, calls: list[ServerCall]) -> None:
+        """A call awaited at the last reading whose connection is gone now ended (a client
+        that closes its session once answered, as AReaL's weight update does): it took at most
+        until now, which is what its process's next call is held against."""
+        awaited = {(c.pid, c.server): now - c.sent_ago for c in calls if c.awaiting}
+        for key, sent in self.pending.items():
+            if abs(awaited.get(key, float("inf")) - sent) > 1.0:
+                self.learn(key, sent, now - sent)
+        self.pending = awaited
+
     def remember(self, now: float, calls: list[ServerCall]) -> list[ServerCall]:
         """Learn the answers in ``calls``; return those remembered whose connection is gone,
         as they would read now."""
         for call in calls:
             if not call.awaiting:
-                key = (call.pid, call.server)
-                self.took[key] = max(self.took.get(key, 0.0), call.answered_in)
-                self.answers[key] = (now - call.sent_ago, call.answered_in)
+                self.learn((call.pid, call.server), now - call.sent_ago, call.answered_in)
+        self.ended(now, calls)
         for key, (sent, _) in list(self.answers.items()):
             if now - sent > ANSWERS_KEPT_S:
                 del self.answers[key]
