@@ -16,8 +16,9 @@ from areal_watchdog.config.model import WatchdogSection
 from areal_watchdog.evidence.trigger import Trigger
 from areal_watchdog.report.run_status import status_lines
 from areal_watchdog.report.write import prune_oldest
-from areal_watchdog.watch.escalation import Escalation, StallCase, summary_prefix
+from areal_watchdog.watch.escalation import Escalation, summary_prefix
 from areal_watchdog.watch.second_look import marks, moved
+from areal_watchdog.watch.stall_case import StallCase
 
 
 def test_conclusive_evidence_ends_the_job_at_the_first_look() -> None:

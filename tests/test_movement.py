@@ -336,3 +336,27 @@ def test_a_livelock_through_several_functions_is_a_warning_then_the_hard_limit_e
     assert not d.cancelling
     d.run_until(5 * THRESHOLD + 12)
     assert d.cancelling and d.reports[-1]["confirmation"]["by"] == "hard_limit"
+
+
+def test_every_episode_failing_while_the_server_churns_is_a_warning_quoting_its_exception():
+    """The recorded run where every episode raises: each second look sees the server generate
+    (for episodes that then fail), which dismisses the look, never the retry loop; past 90 s
+    without a step one warning names the loop and quotes the exception, and the hard limit
+    (5 thresholds: 150 s) still ends the job."""
+    first = recorded("rollout/workflow_failing.json")
+    looks = []
+    for i in range(40):
+        churning = copy.deepcopy(first)
+        churning.servers[0].update(generated_tokens=256.0 * i, time=1000.0 + 9 * i)
+        looks.append(churning)
+    d = desk(*looks)
+    d.stall(THRESHOLD)
+    d.run_until(5 * THRESHOLD - 1)
+    (warning,) = [r for r in d.reports if r["posted"]]
+    assert warning["action"] == "report" and 90 <= warning["at"] < 5 * THRESHOLD
+    assert warning["cause"] == "workflow_failing"
+    prefix = summary_prefix(warning["confirmation"])
+    assert prefix.startswith("Warning: every episode fails and is retried: no step for ")
+    assert not d.cancelling
+    d.run_until(5 * THRESHOLD + 12)
+    assert d.cancelling and d.reports[-1]["confirmation"]["by"] == "hard_limit"

@@ -37,15 +37,13 @@ on plain values are the functions below it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from areal_watchdog.common.rankset import culprits_phrase, ranks_phrase
 from areal_watchdog.config.model import HangAction
 from areal_watchdog.diagnose.strength import DAMAGE, strength, verdict_key
-from areal_watchdog.diagnose.verdict import Verdict
-from areal_watchdog.evidence.model import Evidence
 from areal_watchdog.evidence.trigger import Trigger
+from areal_watchdog.watch.busy_warnings import BusyWarnings
 from areal_watchdog.watch.second_look import (
     RETRY_LOOPS,
     STACKS_MOVED,
@@ -55,6 +53,7 @@ from areal_watchdog.watch.second_look import (
     only_stacks_moved,
     stacks_moved,
 )
+from areal_watchdog.watch.stall_case import Look, StallCase
 
 MIN_CONFIRM_S = 2.0  # the shortest wait between the two looks of a silence
 CANCEL_AFTER_FACTOR = 5.0  # the default hard limit, in stall thresholds or step intervals
@@ -66,48 +65,9 @@ LEARNED_CANCEL_AFTER_MIN = 600.0
 # a job that writes for ever without a step (a log flood the counters could not tell apart,
 # through a pipe) is ended too.
 DEFER_CAP_FACTOR = 3.0
-# A possible livelock is posted as a warning after this long without a step (or 3 times the
-# longest step interval, if longer): healthy phases measured here stay under it (one rank
-# evaluating alone while the others wait: 35 s).
-LIVELOCK_WARN_MIN = 90.0
-LIVELOCK_WARN_FACTOR = 3.0
 
 
-@dataclass
-class Look:
-    """One look at the job: the evidence, the verdict, what it cost, and the job as it stood
-    then (a report describes its look, not the moment it is written)."""
-
-    evidence: Evidence
-    verdict: Verdict
-    timings: dict[str, float]
-    step: int | None
-    at: float  # when the look began
-    progress_at: float | None  # the last progress then (None: no step seen yet)
-    threshold: float  # the stall threshold in force then
-
-
-@dataclass
-class StallCase:
-    """One silence, followed until a new step ends it."""
-
-    trigger: Trigger
-    step: int | None  # the last step when it began: another one ends it
-    lost: tuple[str, ...]
-    action: HangAction  # the on_hang action it may run
-    looks: int = 0
-    last: Look | None = None  # the latest look
-    pending: Look | None = None  # a first look waiting for its second
-    due: float = 0.0  # when the second look is due
-    next_look: float | None = None  # when to look again, after a dismissed or suspected look
-    writing: bool = False  # past the hard limit, a process moved real data: next_look decides
-    livelock_warned: bool = False  # the possible livelock was posted as a warning
-    busy_in: set[str] = field(default_factory=set)  # the functions busy ranks were seen in
-    moving: set[int] = field(default_factory=set)  # pids whose stacks moved at a second look
-    written: tuple[Any, ...] | None = None  # the verdict of the last look written
-
-
-class Escalation:
+class Escalation(BusyWarnings):
     """``Incidents``' methods that follow a silence; ``Incidents`` holds the state they use."""
 
     def cancel_after(self) -> float:
@@ -239,6 +199,8 @@ class Escalation:
             self.suspect(first, what, now, "", after)
             if only_stacks_moved(what) and second.verdict.category == "straggler":
                 self.warn_livelock(first, second, what, now)
+            elif retrying and second.step == first.step:
+                self.warn_retry_loop(second, what, now)
         elif self.past_limit(second.at) and second.step == case.step:
             self.conclude(second, "hard_limit", after, [])
         elif strength(second.verdict) == "time":
@@ -258,33 +220,6 @@ class Escalation:
         if not again:
             return []
         return [f"{STACKS_MOVED} {', '.join(map(str, again[:5]))} changed at an earlier look"]
-
-    def livelock_after(self) -> float:
-        """Seconds without a step before a rank busy with no effect is posted as a warning."""
-        return max(LIVELOCK_WARN_MIN, LIVELOCK_WARN_FACTOR * self.clock.max_interval)
-
-    def warn_livelock(self, first: Look, look: Look, what: list[str], now: float) -> None:
-        """A few ranks busy in their own code (their stacks move between ``first`` and
-        ``look``) with no effect outside themselves (no step, no data, no message out) while
-        the others wait: posted once per silence as a warning, past ``livelock_after``, with
-        the functions every look saw them in; the hard limit still decides."""
-        case, silent = self.case, self.clock.silent_for(now)
-        if case is None or case.livelock_warned:
-            return
-        culprits = look.verdict.culprit_ranks
-        pids = {r.pid for r in look.evidence.ranks if r.rank in culprits}
-        for seen in (marks(x.evidence, x.step).functions for x in (first, look)):
-            case.busy_in |= {t[0] for pid in pids for t in seen.get(pid, ()) if t}
-        if silent < self.livelock_after():
-            return
-        case.livelock_warned = True
-        functions = sorted(case.busy_in)
-        confirmation = self.confirmation(case, 0.0, what, confirmed=False, by=None)
-        livelock = {"ranks": culprits, "functions": functions[:8], "silent_s": round(silent, 1)}
-        confirmation.update(posted=True, warning=True, livelock=livelock)
-        self.say(f"possible livelock ({ranks_phrase(culprits)} busy {silent:.0f} s with no "
-                 "effect): posting a warning; the hard limit still decides")  # fmt: skip
-        self.report(case.trigger, look, HangAction.REPORT, confirmation)
 
     def hard_limit(self, statuses: dict, now: float) -> None:
         """No new step for ``cancel_after``: act, saying what moved since the last look; unless
@@ -361,6 +296,13 @@ def summary_prefix(confirmation: dict[str, Any]) -> str:
         return (
             f"No new step for watchdog.cancel_after ({confirmation['cancel_after_s']:g} s): "
             f"a hang whatever moved meanwhile{moving}. "
+        )
+    if retry := confirmation.get("retry_loop"):
+        return (
+            f"Warning: every episode fails and is retried: no step for {retry['silent_s']:.0f} s "
+            "while the inference servers' work only feeds episodes that fail; the hard limit "
+            f"(watchdog.cancel_after {confirmation['cancel_after_s']:g} s) ends the job if no "
+            "step comes. "
         )
     if livelock := confirmation.get("livelock"):
         functions = ", ".join(f"{f}()" for f in livelock["functions"]) or "its own code"

@@ -37,10 +37,11 @@ from areal_watchdog.rundir.layout import INCIDENTS, SUSPECTED
 from areal_watchdog.trajectory.format import complete_steps
 from areal_watchdog.watch.coordination import ENDED_STATES, Coordinator
 from areal_watchdog.watch.drawings import Drawings
-from areal_watchdog.watch.escalation import Escalation, Look, StallCase, summary_prefix
+from areal_watchdog.watch.escalation import Escalation, summary_prefix
 from areal_watchdog.watch.node import NodeWatch
 from areal_watchdog.watch.progress import StallClock
 from areal_watchdog.watch.scheduler import end_job
+from areal_watchdog.watch.stall_case import Look, StallCase
 
 # Seconds to wait for the ranks' Flight Recorder dumps: a rank spinning in Python lends its
 # listener the GIL in 5 ms slices, and under load (AReaL's FSDP on 2 cores) 2 s was too short.
