@@ -18,8 +18,10 @@ class Leader:
 
     def lead(self, now: float) -> None:
         """Follow the silence under way (``escalation``); ask the trigger rules what to do, then do
-        it."""
-        self.incidents.follow(self.statuses, now)
+        it. A job the user interrupts is no longer followed: its second look would find the
+        ranks it stopped and take them for a crash."""
+        if not self.ending_on_purpose():
+            self.incidents.follow(self.statuses, now)
         actions, self.reported = decide(self.snapshot(now), self.reported)
         for action in actions:
             self.act(action, now)

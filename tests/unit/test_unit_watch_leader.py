@@ -169,6 +169,19 @@ def test_exits_after_the_watchdogs_own_cancel_are_no_new_failure(tmp_path: Path)
     assert node.incidents.opened == []
 
 
+def test_a_silence_under_follow_is_left_once_the_user_interrupts(tmp_path: Path) -> None:
+    """Ctrl-C reaches the ranks with the launcher: a second look due then would find them
+    gone and post a crash (seen at the shipped defaults: rank_crashed, on_hang run)."""
+    node = Node(tmp_path)
+    node.clock.step(3, 0.0)
+    node.incidents.case = object()  # a silence waits for its second look
+    node.lead(31.0)
+    assert node.incidents.follows == 1
+    write_json_atomic(node.layout.interrupted_file, {"run_id": "r1", "time": 31.5})
+    node.lead(32.0)
+    assert node.incidents.follows == 1
+
+
 def test_a_silent_node_opens_an_incident_naming_it(tmp_path: Path) -> None:
     node = Node(tmp_path, nodes=("n1", "n2"))
     node.coordinator = FakeCoordinator(silent=("n2",))
