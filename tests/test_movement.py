@@ -246,6 +246,10 @@ def test_a_ranks_children_at_work_are_its_movement() -> None:
     (line,) = moved(marks(with_windows(evidence, pid, busy[:3]), 3),
                     marks(with_windows(evidence, pid, busy), 3))  # fmt: skip
     assert line.startswith(f"the child processes of rank 2 (pid {pid}) worked (0.9 cores in 3")
+    slow_polls = busy[:3] + busy[4:5]  # a loaded sidecar polled once between the looks
+    (line,) = moved(marks(with_windows(evidence, pid, busy[:3]), 3),
+                    marks(with_windows(evidence, pid, slow_polls), 3))  # fmt: skip
+    assert "worked (0.9 cores in 1 of 1 polls since the first look" in line
     idle = [[float(i + 1), 0.0, 0.0, 0.05, 0.0] for i in range(6)]
     first, second = with_windows(evidence, pid, idle[:3]), with_windows(evidence, pid, idle)
     assert moved(marks(first, 3), marks(second, 3)) == []
