@@ -20,12 +20,10 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from areal_watchdog.rundir.late_finish import LateFinish  # noqa: E402
-from areal_watchdog.rundir.layout import RunLayout  # noqa: E402
-from conftest import Launcher  # noqa: E402
-from receiver import Receiver  # noqa: E402
+from areal_watchdog.rundir.late_finish import LateFinish
+from areal_watchdog.rundir.layout import RunLayout
+from testkit.launcher import Launcher
+from testkit.receiver import Receiver
 
 Rows = list[tuple[str, str, str]]
 TITLE = "A cancelled job ends in seconds (beside two busy loops, a 20 s channel)"

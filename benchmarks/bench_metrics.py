@@ -24,6 +24,7 @@ from areal_watchdog.metrics.textfile import write_textfile
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.watch.metrics_feed import MetricsFeed
 from areal_watchdog.watch.progress import StallClock
+from benchmarks.table import print_table
 
 NODES = 1024
 POLL_GAP = 0.01  # seconds between two measured updates (a sidecar's: 1 s)
@@ -133,8 +134,5 @@ def _p99(values: list[float]) -> float:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from run import print_table
-
     for title, rows in run_metrics_benchmarks(quick="--quick" in sys.argv):
         print_table(title, rows)

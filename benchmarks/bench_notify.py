@@ -6,27 +6,20 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from standins import start_all, vendor_sinks  # noqa: E402
-from synthetic import synthetic_report  # noqa: E402
-
-from areal_watchdog.common.redact import Redactor  # noqa: E402
-from areal_watchdog.config.load import load_config  # noqa: E402
-from areal_watchdog.config.sinks import parse_sinks  # noqa: E402
-from areal_watchdog.notify.notifier import (
-    Notifier,  # noqa: E402
-    render,  # noqa: E402
-)
-from areal_watchdog.notify.sinks.registry import parse  # noqa: E402
-from areal_watchdog.report.sample import sample_report  # noqa: E402
-from receiver import Receiver  # noqa: E402
+from areal_watchdog.common.redact import Redactor
+from areal_watchdog.config.load import load_config
+from areal_watchdog.config.sinks import parse_sinks
+from areal_watchdog.notify.notifier import Notifier, render
+from areal_watchdog.notify.sinks.registry import parse
+from areal_watchdog.report.sample import sample_report
+from testkit.receiver import Receiver
+from testkit.standins import start_all, vendor_sinks
+from testkit.synthetic import synthetic_report
 
 LIMITS = {"feishu": "20 KiB", "dingtalk": "20,000 B", "pagerduty": "512 KiB", "teams": "28 KiB"}
 

@@ -32,7 +32,8 @@ from datetime import datetime
 from pathlib import Path
 
 import psutil
-from bench_areal import cannot_run, make_harness
+
+from benchmarks.bench_areal import cannot_run, make_harness
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "examples" / "areal" / "gsm8k_grpo.yaml"

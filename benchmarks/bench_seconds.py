@@ -35,19 +35,17 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from bench_watchdog import DEMO, STEP_STAMP, launch  # noqa: E402
-from slow_endpoint import SlowEndpoint  # noqa: E402
-from vllm_server import VLLM_PYTHON, Saturation, make_vllm_model, running_vllm  # noqa: E402
-
-from areal_watchdog.config.model import WatchdogSection  # noqa: E402
-from areal_watchdog.evidence.counters import read_counters  # noqa: E402
-from areal_watchdog.evidence.sockets import tcp_bytes  # noqa: E402
-from areal_watchdog.rundir.layout import RunLayout  # noqa: E402
-from areal_watchdog.watch.coordination import Coordinator  # noqa: E402
-from conftest import Launcher, suspected_looks  # noqa: E402
-from receiver import Receiver  # noqa: E402
+from areal_watchdog.config.model import WatchdogSection
+from areal_watchdog.evidence.counters import read_counters
+from areal_watchdog.evidence.sockets import tcp_bytes
+from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.watch.coordination import Coordinator
+from benchmarks.bench_watchdog import DEMO, STEP_STAMP, launch
+from testkit.launcher import Launcher
+from testkit.receiver import Receiver
+from testkit.reports import suspected_looks
+from testkit.slow_endpoint import SlowEndpoint
+from testkit.vllm_server import VLLM_PYTHON, Saturation, make_vllm_model, running_vllm
 
 REPO = Path(__file__).resolve().parents[1]
 ROLLOUT_DEMO = REPO / "examples" / "rollout_hangs" / "config.yaml"

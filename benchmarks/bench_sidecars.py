@@ -46,14 +46,13 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
 
-from bench_scale import node_evidence
-
 from areal_watchdog.config.load import load_config
 from areal_watchdog.launch.job import job_environment, launch_files, prepare_run_dir
 from areal_watchdog.launch.plan import LaunchPlan
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.watch.coordination import Coordinator
+from benchmarks.bench_scale import node_evidence
 
 REPO = Path(__file__).resolve().parents[1]
 SPAWNER = Path(__file__).resolve().parent / "fleet" / "spawner.py"

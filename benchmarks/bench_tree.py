@@ -5,7 +5,7 @@ At the shipped defaults (``stall_timeout: auto``, ``on_hang: cancel``) on the 4-
 5 runs of each healthy job whose work is in a rank's children (rank 0's checkpoint copied by a
 child process; every rank's DataLoader worker busy), 3 runs of a rank waiting forever on a child
 that waits for an answer (at step 3, in the warm-up, and at step 10), and 3 runs of every rank
-blocked on a FUSE filesystem whose server stops answering after step 4 (``tests/fuse_storage.py``,
+blocked on a FUSE filesystem whose server stops answering after step 4 (``testkit/fuse_storage.py``,
 root and ``/dev/fuse``). Then the poll's cost at 8 ranks with 4 busy workers each.
 """
 
@@ -21,12 +21,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
-from bench_seconds import EARLY_STEP, HANG_STEP, _latency_row, _ms, run_one, tree_jobs
-from fuse_storage import FuseStorage, available
 
 from areal_watchdog.evidence.counters import read_counters
 from areal_watchdog.evidence.process_tree import TreeMeter
-from receiver import Receiver
+from benchmarks.bench_seconds import EARLY_STEP, HANG_STEP, _latency_row, _ms, run_one, tree_jobs
+from testkit.fuse_storage import FuseStorage, available
+from testkit.receiver import Receiver
 
 Rows = list[tuple[str, ...]]
 CALM, HANGS = 5, 3
@@ -124,4 +124,4 @@ def tree_cost(ranks: int = 8, workers: int = 4, polls: int = 100) -> Rows:
 
 
 if __name__ == "__main__":
-    sys.exit("run it through benchmarks/run.py --only tree")
+    sys.exit("run it through python -m benchmarks.run --only tree")

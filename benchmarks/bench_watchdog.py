@@ -6,7 +6,6 @@ import json
 import re
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -15,11 +14,9 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.evidence.model import BLOCKED, Evidence, Frame, RankEvidence, ThreadStack
-from conftest import Launcher  # noqa: E402
+from testkit.launcher import Launcher
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "examples" / "hang_demo" / "config.yaml"

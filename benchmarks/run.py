@@ -1,4 +1,4 @@
-"""One command for every speed and memory target: ``.venv/bin/python benchmarks/run.py``.
+"""One command for every speed and memory target: ``.venv/bin/python -m benchmarks.run``.
 
 Runs real jobs on this machine and prints one table per topic, each row beside its target.
 ``--only watchdog,notify`` limits the topics; ``--quick`` uses fewer repetitions.
@@ -9,24 +9,22 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_areal import run_areal_benchmarks  # noqa: E402
-from bench_cancel import run_cancel_benchmarks  # noqa: E402
-from bench_diagnose import run_diagnose_benchmarks  # noqa: E402
-from bench_faults import run_fault_benchmarks  # noqa: E402
-from bench_metrics import run_metrics_benchmarks  # noqa: E402
-from bench_netfs import run_netfs_benchmarks  # noqa: E402
-from bench_notify import run_notify_benchmarks  # noqa: E402
-from bench_resume import run_resume_benchmarks  # noqa: E402
-from bench_scale import run_scale_benchmarks  # noqa: E402
-from bench_seconds import run_seconds_benchmarks  # noqa: E402
-from bench_sidecars import run_sidecar_benchmarks  # noqa: E402
-from bench_trajectory import run_trajectory_benchmarks  # noqa: E402
-from bench_tree import run_tree_benchmarks  # noqa: E402
-from bench_watchdog import run_watchdog_benchmarks  # noqa: E402
+from benchmarks.bench_areal import run_areal_benchmarks
+from benchmarks.bench_cancel import run_cancel_benchmarks
+from benchmarks.bench_diagnose import run_diagnose_benchmarks
+from benchmarks.bench_faults import run_fault_benchmarks
+from benchmarks.bench_metrics import run_metrics_benchmarks
+from benchmarks.bench_netfs import run_netfs_benchmarks
+from benchmarks.bench_notify import run_notify_benchmarks
+from benchmarks.bench_resume import run_resume_benchmarks
+from benchmarks.bench_scale import run_scale_benchmarks
+from benchmarks.bench_seconds import run_seconds_benchmarks
+from benchmarks.bench_sidecars import run_sidecar_benchmarks
+from benchmarks.bench_trajectory import run_trajectory_benchmarks
+from benchmarks.bench_tree import run_tree_benchmarks
+from benchmarks.bench_watchdog import run_watchdog_benchmarks
+from benchmarks.table import print_table
 
 TOPICS = {
     "watchdog": run_watchdog_benchmarks,
@@ -46,21 +44,10 @@ TOPICS = {
 }
 
 
-def print_table(
-    title: str,
-    rows: list[tuple[str, ...]],
-    header: tuple[str, ...] = ("measure", "measured", "target"),
-) -> None:
-    """Print rows (``(measure, value, target)`` unless another header is given) under a title."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    print(f"\n## {title}\n")
-    for cells in (header, tuple("-" * w for w in widths), *rows):
-        print("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
-    sys.stdout.flush()
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.run", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--only", default=",".join(TOPICS), help="comma-separated topics")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     args = parser.parse_args()

@@ -44,17 +44,10 @@ from areal_watchdog.common.roles import Identity, identify
 from areal_watchdog.config.areal import parse_allocation
 from areal_watchdog.config.load import load_config
 from areal_watchdog.launch.local import LocalBackend
-from conftest import (
-    REPO,
-    Launcher,
-    LaunchResult,
-    culprit_rows,
-    processes_under,
-    read_reports,
-    suspected_looks,
-    timeline_of,
-)
+from conftest import REPO, culprit_rows, timeline_of
 from slurm_cluster import wait_until
+from testkit.launcher import Launcher, LaunchResult, processes_under
+from testkit.reports import read_reports, suspected_looks
 
 AREAL = REPO / "examples" / "areal"
 CONFIG = AREAL / "gsm8k_grpo.yaml"

@@ -15,7 +15,8 @@ import pytest
 from recording import record_evidence
 from test_areal import AREAL, CANCEL_AFTER, needs_areal, needs_root, run_areal
 
-from conftest import Launcher, suspected_looks
+from testkit.launcher import Launcher
+from testkit.reports import suspected_looks
 
 pytestmark = [needs_areal, needs_root, pytest.mark.slow]
 

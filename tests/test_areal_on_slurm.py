@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_areal import RECOVER, RESUME, harness, loopback_slurm, needs_areal, needs_root, run_areal
 
-from conftest import Launcher
+from testkit.launcher import Launcher
 
 __all__ = ["harness", "loopback_slurm"]  # fixtures this module uses, made here anew
 

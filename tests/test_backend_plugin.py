@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from areal_watchdog.cli import main
-from conftest import DEMO_CONFIG, REPO
+from conftest import REPO
+from testkit.launcher import DEMO_CONFIG
 
 EXAMPLE = REPO / "examples" / "backend_plugin" / "nice_backend.py"
 

@@ -19,7 +19,8 @@ from areal_watchdog.evidence.flight_recorder import collect
 from areal_watchdog.evidence.model import Evidence
 from areal_watchdog.notify.slack import build_slack_message, check_limits
 from areal_watchdog.rundir.layout import RunLayout
-from conftest import REPO, Launcher
+from conftest import REPO
+from testkit.launcher import Launcher
 
 SCENARIOS = REPO / "examples" / "collective_hangs" / "config.yaml"
 DATA = Path(__file__).parent / "data" / "evidence"

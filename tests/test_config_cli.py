@@ -14,7 +14,8 @@ import pytest
 from areal_watchdog.cli import main
 from areal_watchdog.common.errors import ConfigError
 from areal_watchdog.config.load import load_config
-from conftest import DEMO_CONFIG, REPO
+from conftest import REPO
+from testkit.launcher import DEMO_CONFIG
 
 GOOD = """\
 experiment_name: exp

@@ -17,7 +17,9 @@ import pytest
 from areal_watchdog.config.load import load_config
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.local import LocalBackend
-from conftest import DEMO_CONFIG, FAST, Launcher, read_reports
+from conftest import FAST
+from testkit.launcher import DEMO_CONFIG, Launcher
+from testkit.reports import read_reports
 
 pytestmark = [
     pytest.mark.slow,

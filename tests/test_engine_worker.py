@@ -20,7 +20,8 @@ from areal_watchdog.diagnose.activity import describe, work_thread
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.evidence.model import BLOCKED, Evidence, Frame, RankEvidence, ThreadStack
 from areal_watchdog.evidence.pyspy import dump_pyspy, parse_pyspy_json
-from conftest import REPO, Launcher
+from conftest import REPO
+from testkit.launcher import Launcher
 
 CONFIG = REPO / "examples" / "engine_worker" / "config.yaml"
 FAST = ["watchdog.stall_timeout=3", "watchdog.poll_interval=0.25"]

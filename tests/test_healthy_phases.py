@@ -15,9 +15,10 @@ intervals is posted in seconds, not at the warm-up's 60 s floor.
 from __future__ import annotations
 
 import pytest
-from slow_endpoint import SlowEndpoint
 
-from conftest import Launcher, suspected_looks
+from testkit.launcher import Launcher
+from testkit.reports import suspected_looks
+from testkit.slow_endpoint import SlowEndpoint
 
 pytestmark = pytest.mark.slow
 

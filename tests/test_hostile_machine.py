@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from test_launcher_lifecycle import wait_for
 
-from conftest import FAST, Launcher, processes_under
+from conftest import FAST
+from testkit.launcher import Launcher, processes_under
 
 pytestmark = pytest.mark.slow
 

@@ -15,15 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import (
-    FAST,
-    Launcher,
-    await_late_finishes,
-    processes_under,
-    read_reports,
-    timeline_of,
-)
-from receiver import Receiver
+from conftest import FAST, timeline_of
+from testkit.launcher import Launcher, await_late_finishes, processes_under
+from testkit.receiver import Receiver
+from testkit.reports import read_reports
 
 pytestmark = pytest.mark.slow
 

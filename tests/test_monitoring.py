@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 
 from areal_watchdog.common.ports import free_port
-from conftest import REPO, Launcher, read_reports
+from conftest import REPO
+from testkit.launcher import Launcher
+from testkit.reports import read_reports
 
 RULES = REPO / "monitoring" / "areal-watchdog.rules.yml"
 DASHBOARD = REPO / "monitoring" / "areal-watchdog-dashboard.json"

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from synthetic import synthetic_report
 
 from areal_watchdog.cli import main
 from areal_watchdog.common.errors import ConfigError
@@ -26,8 +25,9 @@ from areal_watchdog.notify.slack import MAX_GROUPS_SHOWN, build_slack_message, c
 from areal_watchdog.notify.spool import Spool
 from areal_watchdog.report.sample import sample_report
 from areal_watchdog.rundir.layout import RunLayout
-from conftest import DEMO_CONFIG
-from receiver import Receiver, Trickler
+from testkit.launcher import DEMO_CONFIG
+from testkit.receiver import Receiver, Trickler
+from testkit.synthetic import synthetic_report
 
 SECRET = "s3cret-signing-key"
 

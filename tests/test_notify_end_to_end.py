@@ -8,11 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
-from standins import ROUTING_KEY, start_all, vendor_sinks
 
 from areal_watchdog.notify.slack import check_limits
-from conftest import FAST, Launcher
-from receiver import Receiver
+from conftest import FAST
+from testkit.launcher import Launcher
+from testkit.receiver import Receiver
+from testkit.standins import ROUTING_KEY, start_all, vendor_sinks
 
 pytestmark = pytest.mark.slow
 

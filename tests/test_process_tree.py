@@ -10,9 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fuse_storage import FuseStorage, available
 
-from conftest import FAST, Launcher, suspected_looks
+from conftest import FAST
+from testkit.fuse_storage import FuseStorage, available
+from testkit.launcher import Launcher
+from testkit.reports import suspected_looks
 
 pytestmark = pytest.mark.slow
 

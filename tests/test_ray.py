@@ -38,7 +38,9 @@ from areal_watchdog.config.model import RaySection
 from areal_watchdog.launch.ray.cluster import TEMP_ROOT, OwnCluster, cluster_environment
 from areal_watchdog.launch.ray.sidecars import HEAD_RESOURCE, live_nodes
 from areal_watchdog.rundir.layout import RunLayout
-from conftest import AREAL2_PYTHON, Launcher, processes_under, read_reports
+from conftest import AREAL2_PYTHON
+from testkit.launcher import Launcher, processes_under
+from testkit.reports import read_reports
 
 # Two Ray nodes with one logical GPU each: AReaL's Ray launcher puts the inference server on
 # one (sglang:d1) and the trainer on the other (fsdp:d1); the CPU harness ignores the "GPU".

@@ -9,9 +9,11 @@ import signal
 import time
 
 import pytest
-from standins import ROUTING_KEY, StandIn
 
-from conftest import FAST, Launcher, culprit_rows, read_reports, suspected_looks, timeline_of
+from conftest import FAST, culprit_rows, timeline_of
+from testkit.launcher import Launcher
+from testkit.reports import read_reports, suspected_looks
+from testkit.standins import ROUTING_KEY, StandIn
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, Launcher, read_reports
+from conftest import REPO
+from testkit.launcher import Launcher
+from testkit.reports import read_reports
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ from areal_watchdog.evidence.trigger import Trigger
 from areal_watchdog.report.build import IncidentContext, build_report, load_schema
 from areal_watchdog.report.sample import sample_report
 from areal_watchdog.report.write import write_incident
-from conftest import DEMO_CONFIG
+from testkit.launcher import DEMO_CONFIG
 
 EXTRA_API_KEY = "launch-env-value-0123456789"
 # One line per form the brief names; each must leave no trace in any file we write.

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from standins import ROUTING_KEY, StandIn
 
 from areal_watchdog.recover.policy import Hang, decide
-from conftest import DEMO_CONFIG, FAST, REPO, Launcher
-from receiver import Receiver
+from conftest import FAST, REPO
+from testkit.launcher import DEMO_CONFIG, Launcher
+from testkit.receiver import Receiver
+from testkit.standins import ROUTING_KEY, StandIn
 
 RESUME = [
     *FAST,

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, Launcher, LaunchResult, read_reports
+from conftest import REPO
+from testkit.launcher import Launcher, LaunchResult
+from testkit.reports import read_reports
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # two runs of replays each
 

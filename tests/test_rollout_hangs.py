@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-from ports import free_port_pair
 
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.diagnose.classify import classify
@@ -28,7 +27,9 @@ from areal_watchdog.rank.tasks import TaskClock, snapshot
 from areal_watchdog.report.build import IncidentContext, build_report
 from areal_watchdog.report.write import write_incident
 from areal_watchdog.rundir.layout import RunLayout
-from conftest import REPO, Launcher
+from conftest import REPO
+from testkit.launcher import Launcher
+from testkit.ports import free_port_pair
 
 CONFIG = REPO / "examples" / "rollout_hangs" / "config.yaml"
 STANDIN = REPO / "examples" / "inference_server" / "sglang_standin.py"

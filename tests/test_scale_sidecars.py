@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from bench_sidecars import NODE_TIMEOUT, POLL, measure  # noqa: E402
+from benchmarks.bench_sidecars import NODE_TIMEOUT, POLL, measure
 
 FOLLOWER_BUDGET = 2.0  # path operations a second, everything included (docs/slurm.md)
 # A lost node's last status is read up to a status period late, it is lost node_timeout after

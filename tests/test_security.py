@@ -30,8 +30,10 @@ from areal_watchdog.notify.spool import Spool
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.watch.progress import default_log_patterns
-from conftest import DEMO_CONFIG, FAST, Launcher, read_reports
-from receiver import Receiver
+from conftest import FAST
+from testkit.launcher import DEMO_CONFIG, Launcher
+from testkit.receiver import Receiver
+from testkit.reports import read_reports
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("setpriv"),

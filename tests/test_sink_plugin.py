@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from areal_watchdog.cli import main
-from conftest import DEMO_CONFIG, REPO
-from receiver import Receiver
+from conftest import REPO
+from testkit.launcher import DEMO_CONFIG
+from testkit.receiver import Receiver
 
 EXAMPLE = REPO / "examples" / "sink_plugin" / "ntfy_sink.py"
 TOKEN = "tk_ntfy0accesstoken0123456789"

@@ -1,5 +1,5 @@
 """Feishu/Lark, DingTalk, PagerDuty and Teams: each delivers a signed, valid message to a
-loopback stand-in that checks what the vendor checks (tests/standins.py), through the common
+loopback stand-in that checks what the vendor checks (testkit/standins.py), through the common
 spool, retries and ledger; PagerDuty's incidents are resolved when the job recovers."""
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from standins import ROUTING_KEY, SECRETS, StandIn, vendor_sinks
-from synthetic import synthetic_report
 
 from areal_watchdog.cli import main
 from areal_watchdog.common.errors import ConfigError
@@ -26,7 +24,9 @@ from areal_watchdog.notify.sinks.registry import parse
 from areal_watchdog.notify.spool import Spool
 from areal_watchdog.report.build import iso
 from areal_watchdog.report.sample import sample_report
-from conftest import DEMO_CONFIG
+from testkit.launcher import DEMO_CONFIG
+from testkit.standins import ROUTING_KEY, SECRETS, StandIn, vendor_sinks
+from testkit.synthetic import synthetic_report
 
 VENDORS = ["feishu", "dingtalk", "pagerduty", "teams"]
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST, Launcher
+from conftest import FAST
+from testkit.launcher import Launcher
 
 pytestmark = pytest.mark.slow
 

@@ -21,13 +21,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ports import free_port_pair
 from recording import record_evidence
 from test_rollout_hangs import CONFIG, FAST
-from vllm_server import VLLM_PYTHON, Saturation, make_vllm_model, running_vllm, tokens_per_second
 
 from areal_watchdog.evidence.servers import probe
-from conftest import Launcher, LaunchResult, read_reports, suspected_looks
+from testkit.launcher import Launcher, LaunchResult
+from testkit.ports import free_port_pair
+from testkit.reports import read_reports, suspected_looks
+from testkit.vllm_server import (
+    VLLM_PYTHON,
+    Saturation,
+    make_vllm_model,
+    running_vllm,
+    tokens_per_second,
+)
 
 pytestmark = [
     pytest.mark.slow,

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, processes_under, read_reports
+from conftest import REPO
+from testkit.launcher import processes_under
+from testkit.reports import read_reports
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 """The short history a hang's timeline is drawn from: when each step was seen, what this
 node's GPUs did and how many of the job's GPUs worked, a bounded ring per series (its memory
-does not grow with the job: ``benchmarks/run.py --only scale``). The leading sidecar keeps it
-(``watch/sidecar.py``) and writes it beside each incident (``history.json``); the picture
+does not grow with the job: ``python -m benchmarks.run --only scale``). The leading sidecar
+keeps it (``watch/sidecar.py``) and writes it beside each incident (``history.json``); the picture
 (``report/picture.py``) reads it there, in a process of its own, so drawing never delays a
 report."""
 

@@ -18,16 +18,17 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parents[1] / "tests")]
-
-import runs  # noqa: E402
-import scorecard  # noqa: E402
-from cases import CaseError, load_cases  # noqa: E402
-from slow_endpoint import SlowEndpoint  # noqa: E402
-from tools import AreaLWatchdog, FaultTolerance, FlightRecorderTrace, TorchTimeout, available  # noqa: E402
-
-from receiver import Receiver  # noqa: E402
+from benchmarks.hangbench import runs, scorecard
+from benchmarks.hangbench.cases import CaseError, load_cases
+from benchmarks.hangbench.tools import (
+    AreaLWatchdog,
+    FaultTolerance,
+    FlightRecorderTrace,
+    TorchTimeout,
+    available,
+)
+from testkit.receiver import Receiver
+from testkit.slow_endpoint import SlowEndpoint
 
 UPLOAD: SlowEndpoint  # the slow HTTP endpoint upload cases post to
 GRACE_S = 5.0  # a run lasts this long past its limit: a timeout set to the limit is seen

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from cases import REPO, Case
+
+from benchmarks.hangbench.cases import REPO, Case
 
 HARNESS = Path(__file__).resolve().parent / "harness.py"
 STEP_LINE = re.compile(r"Train step (\d+)/")

@@ -9,9 +9,9 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from cases import Case
-from runs import Run
-from tools import Signal
+from benchmarks.hangbench.cases import Case
+from benchmarks.hangbench.runs import Run
+from benchmarks.hangbench.tools import Signal
 
 
 @dataclass(frozen=True)

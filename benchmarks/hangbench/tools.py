@@ -17,9 +17,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_diagnose import CULPRIT, fill_pg_config, torchfrtrace  # noqa: E402
-from cases import REPO, Case
-from runs import Launch, Run
+from benchmarks.bench_diagnose import CULPRIT, fill_pg_config, torchfrtrace
+from benchmarks.hangbench.cases import REPO, Case
+from benchmarks.hangbench.runs import Launch, Run
+from testkit.receiver import Receiver
 
 PEERS = REPO / ".hangbench-peers"  # nvidia-resiliency-ext, installed by scripts/setup.sh --peers
 FT_PYTHON = Path(__file__).resolve().parent / "ft_python"
@@ -48,7 +49,7 @@ class AreaLWatchdog:
     name = "areal-watchdog"
     needs = ""
 
-    def __init__(self, receiver) -> None:  # noqa: ANN001 (tests/receiver.py's Receiver)
+    def __init__(self, receiver: Receiver) -> None:
         self.receiver = receiver
 
     def prepare(self, case: Case, launch: Launch) -> None:

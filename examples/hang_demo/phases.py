@@ -10,7 +10,7 @@ hang demo's ``demo.phases`` (``checkpoint@3,cpu_eval@6``: a phase and the step i
   read        every rank reads its own ``demo.phase_mb`` MB file in 1 MB chunks, spread over
               ``demo.phase_time`` seconds (a dataset shard read at the start of an epoch)
   upload      ``demo.phase_rank`` posts ``demo.phase_mb`` MB to ``demo.phase_url`` (a slow
-              endpoint: ``tests/slow_endpoint.py``) while the others wait in all_reduce
+              endpoint: ``testkit/slow_endpoint.py``) while the others wait in all_reduce
   child_checkpoint  ``demo.phase_rank`` hands its checkpoint to a child process (as ``aws s3
               cp``, ``gsutil``, ``rsync`` or an uploader would) and waits for it: the child
               writes ``demo.phase_mb`` MB in fsync'd 1 MB chunks over ``demo.phase_time``
@@ -20,7 +20,7 @@ hang demo's ``demo.phases`` (``checkpoint@3,cpu_eval@6``: a phase and the step i
 
 Where ``demo.shard_dir`` names a directory, every rank reads its next 1 MB of
 ``<shard_dir>/shard-<rank>.bin`` at every step (a dataset on shared storage: the storage stall
-of ``tests/fuse_storage.py`` is a FUSE filesystem there that stops answering).
+of ``testkit/fuse_storage.py`` is a FUSE filesystem there that stops answering).
 """
 
 from __future__ import annotations

@@ -3,16 +3,12 @@ program that exists and a kind the watchdog knows, and a third of the cases are 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "hangbench"))
-
-from cases import CaseError, load_case, load_cases  # noqa: E402
-
 from areal_watchdog.diagnose.kinds import CATEGORIES, CAUSES
+from benchmarks.hangbench.cases import CaseError, load_case, load_cases
 
 KINDS = {k.name for k in (*CATEGORIES, *CAUSES)}
 

@@ -31,7 +31,7 @@ from areal_watchdog.launch.processes import Interrupts, OutputPump
 from areal_watchdog.launch.recovery import Recovery
 from areal_watchdog.launch.torchrun import multi_node, standalone, torchrun_command
 from areal_watchdog.rundir.layout import ENV_NODE, ENV_RUN_ID, ENV_WATCH_DIR, RunLayout
-from conftest import DEMO_CONFIG
+from testkit.launcher import DEMO_CONFIG
 
 SECRET = "sk-live-0123456789abcdef"
 

@@ -24,7 +24,7 @@ from areal_watchdog.launch.slurm.recovery import SlurmRecovery
 from areal_watchdog.launch.slurm.scheduler_command import main
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
-from conftest import DEMO_CONFIG
+from testkit.launcher import DEMO_CONFIG
 
 FAKE_SLURM = """
 import os, sys

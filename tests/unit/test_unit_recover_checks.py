@@ -19,8 +19,9 @@ from areal_watchdog.notify.sinks.registry import sink_for
 from areal_watchdog.notify.spool import Spool
 from areal_watchdog.recover.checks import check_resumable, resume_notes, tokenizer_warning
 from areal_watchdog.recover.notices import send_recovery
-from conftest import DEMO_CONFIG, REPO
-from receiver import Receiver
+from conftest import REPO
+from testkit.launcher import DEMO_CONFIG
+from testkit.receiver import Receiver
 
 AREAL = REPO / "examples" / "areal" / "gsm8k_grpo.yaml"
 RESUME = "watchdog.on_hang=resume"

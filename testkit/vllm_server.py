@@ -15,10 +15,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ports import free_port_pair
-
 from areal_watchdog.common.parent import die_with_parent
 from areal_watchdog.evidence.servers import probe
+from testkit.ports import free_port_pair
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"

@@ -1,4 +1,5 @@
-"""A real HTTP receiver on 127.0.0.1 for the notification tests, with scripted answers."""
+"""A real HTTP receiver on 127.0.0.1 for the notification tests and benchmarks, with scripted
+answers."""
 
 from __future__ import annotations
 

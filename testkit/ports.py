@@ -1,4 +1,4 @@
-"""Loopback ports for the servers tests start."""
+"""Loopback ports for the servers tests and benchmarks start."""
 
 from __future__ import annotations
 

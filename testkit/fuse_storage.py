@@ -4,7 +4,7 @@
 ``read()`` in the kernel, state ``D``, wait channel ``request_wait_answer``) until the server
 gets SIGUSR1: then every waiting read is answered and the storage serves again.
 
-``python tests/fuse_storage.py MOUNTPOINT --ranks 4 --size-mb 16 --freeze-at-mb 4`` (root:
+``python testkit/fuse_storage.py MOUNTPOINT --ranks 4 --size-mb 16 --freeze-at-mb 4`` (root:
 ``/dev/fuse``); ``FuseStorage`` mounts it for a test and takes it down again.
 """
 
