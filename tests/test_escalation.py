@@ -13,11 +13,11 @@ from pathlib import Path
 from desk import THRESHOLD, Info, desk, moving, recorded
 
 from areal_watchdog.config.model import WatchdogSection
+from areal_watchdog.diagnose.movement import marks, moved
 from areal_watchdog.evidence.trigger import Trigger
 from areal_watchdog.report.run_status import status_lines
 from areal_watchdog.report.write import prune_oldest
 from areal_watchdog.watch.escalation import Escalation, summary_prefix
-from areal_watchdog.watch.second_look import marks, moved
 from areal_watchdog.watch.stall_case import StallCase
 
 

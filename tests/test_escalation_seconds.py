@@ -11,11 +11,11 @@ from pathlib import Path
 from desk import THRESHOLD, Info, desk, recorded
 
 from areal_watchdog.config.model import WatchdogSection
+from areal_watchdog.diagnose.movement import marks, moved
 from areal_watchdog.evidence.flight_recorder import parse_trace
 from areal_watchdog.evidence.gpu import GpuSample, IdleTracker
 from areal_watchdog.evidence.model import Evidence
 from areal_watchdog.watch.escalation import summary_prefix
-from areal_watchdog.watch.second_look import marks, moved
 
 DATA = Path(__file__).parent / "data"
 

@@ -19,13 +19,13 @@ from desk import THRESHOLD, desk, recorded
 
 from areal_watchdog.diagnose.activity import work_thread
 from areal_watchdog.diagnose.classify import classify
+from areal_watchdog.diagnose.movement import marks, moved
 from areal_watchdog.diagnose.strength import strength
 from areal_watchdog.evidence.counters import rates, read_counters, real_data
 from areal_watchdog.evidence.model import RUNNING, Evidence, Frame
 from areal_watchdog.evidence.process_tree import TreeMeter
 from areal_watchdog.evidence.sockets import parse_ss
 from areal_watchdog.watch.escalation import summary_prefix
-from areal_watchdog.watch.second_look import marks, moved
 
 CHECKPOINT = 6.7e6  # bytes a second: 1 MB fsync'd chunks every 0.15 s
 WATCHED_FLOOR = 300.0  # bytes a second a blocked rank moves while the sensor asks it

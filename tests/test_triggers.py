@@ -8,9 +8,9 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from areal_watchdog.diagnose.movement import Marks, marks, moved
 from areal_watchdog.evidence.model import Evidence, Frame
 from areal_watchdog.evidence.trigger import Trigger
-from areal_watchdog.watch.second_look import Marks, marks, moved
 from areal_watchdog.watch.triggers import Reported, Say, Snapshot, decide, progressed
 
 HEALTHY = Snapshot(

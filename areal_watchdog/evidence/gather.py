@@ -190,7 +190,7 @@ def _pyspy_stacks(
 def _more_samples(pid: int, timeout: float) -> list[list[ThreadStack]]:
     """A running rank's later dumps (those py-spy answers): one sample of a rank that computes
     shows one function of many, and a second look compares the functions it saw in all of
-    them (``watch.second_look``); a rank spinning in one loop is seen in one place every time."""
+    them (``diagnose.movement``); a rank spinning in one loop is seen in one place every time."""
     samples = []
     for _ in range(RUNNING_SAMPLES):
         time.sleep(SAMPLE_GAP)

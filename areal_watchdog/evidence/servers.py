@@ -30,7 +30,7 @@ _METRICS = {
     "vllm:num_requests_running": "running",
     "vllm:num_requests_waiting": "queued",
     "vllm:rl_weight_update_operations_in_flight": "updating_weights",  # summed over operations
-    # Counters: what the server did between two looks is the work it does (``second_look``).
+    # Counters: what the server did between two looks is the work it does (``diagnose.movement``).
     "sglang:generation_tokens_total": "generated_tokens",
     "sglang:num_requests_total": "requests_done",
     "vllm:generation_tokens_total": "generated_tokens",

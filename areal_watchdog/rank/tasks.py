@@ -12,7 +12,7 @@ How long a task has waited is unknown to asyncio; ``TaskClock`` remembers when e
 first seen at its current await point, so a second snapshot says "pending at least N s". It also
 holds the tasks the last snapshot saw, so the next one says how those that ended since did:
 returned, raised or cancelled. A retry loop against a dead server ends tasks every second, all by
-exception: that is churn, not progress (``watch.second_look``).
+exception: that is churn, not progress (``diagnose.movement``).
 """
 
 from __future__ import annotations

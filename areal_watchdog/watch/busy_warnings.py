@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from areal_watchdog.common.rankset import ranks_phrase
 from areal_watchdog.config.model import HangAction
-from areal_watchdog.watch.second_look import marks
+from areal_watchdog.diagnose.movement import marks
 from areal_watchdog.watch.stall_case import Look
 
 # A possible livelock is posted as a warning after this long without a step (or 3 times the

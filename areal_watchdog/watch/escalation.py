@@ -41,10 +41,7 @@ from typing import Any
 
 from areal_watchdog.common.rankset import culprits_phrase, ranks_phrase
 from areal_watchdog.config.model import HangAction
-from areal_watchdog.diagnose.strength import DAMAGE, strength, verdict_key
-from areal_watchdog.evidence.trigger import Trigger
-from areal_watchdog.watch.busy_warnings import BusyWarnings
-from areal_watchdog.watch.second_look import (
+from areal_watchdog.diagnose.movement import (
     RETRY_LOOPS,
     STACKS_MOVED,
     busy_io,
@@ -53,6 +50,9 @@ from areal_watchdog.watch.second_look import (
     only_stacks_moved,
     stacks_moved,
 )
+from areal_watchdog.diagnose.strength import DAMAGE, strength, verdict_key
+from areal_watchdog.evidence.trigger import Trigger
+from areal_watchdog.watch.busy_warnings import BusyWarnings
 from areal_watchdog.watch.stall_case import Look, StallCase
 
 MIN_CONFIRM_S = 2.0  # the shortest wait between the two looks of a silence

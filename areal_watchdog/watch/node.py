@@ -228,7 +228,7 @@ class NodeWatch:
     def counters(self) -> dict[int | None, dict[str, Any]]:
         """Each live rank's and worker's counters as its last sample read them (the look's
         refresh, or the poll before), with its I/O rate windows and TCP bytes, by pid (a look
-        compares them with the look before: ``watch.second_look``)."""
+        compares them with the look before: ``diagnose.movement``)."""
         watched = [*self.live.values(), *self.workers.values()]
         tcp = tcp_bytes({w.proc.pid for w in watched})
         found: dict[int | None, dict[str, Any]] = {}
