@@ -42,7 +42,7 @@ from areal_watchdog.evidence.model import (
     ThreadStack,
     plain,
 )
-from areal_watchdog.notify.slack import build_slack_message, check_limits
+from areal_watchdog.notify.sinks.slack.message import build_slack_message, check_limits
 from areal_watchdog.report.bound import split_ranks
 from areal_watchdog.report.build import IncidentContext, build_report, new_incident_id
 from areal_watchdog.report.write import write_incident

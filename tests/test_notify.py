@@ -21,7 +21,11 @@ from areal_watchdog.notify.delivery import GRACE, delivery_id, flush, send
 from areal_watchdog.notify.envelope import ENVELOPE_SCHEMA, verify
 from areal_watchdog.notify.notifier import Notifier, Picture, render
 from areal_watchdog.notify.sinks.registry import parse as parse_sinks
-from areal_watchdog.notify.slack import MAX_GROUPS_SHOWN, build_slack_message, check_limits
+from areal_watchdog.notify.sinks.slack.message import (
+    MAX_GROUPS_SHOWN,
+    build_slack_message,
+    check_limits,
+)
 from areal_watchdog.notify.spool import Spool
 from areal_watchdog.report.sample import sample_report
 from areal_watchdog.rundir.layout import RunLayout

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_watchdog.notify.slack import check_limits
+from areal_watchdog.notify.sinks.slack.message import check_limits
 from conftest import FAST
 from testkit.launcher import Launcher
 from testkit.receiver import Receiver

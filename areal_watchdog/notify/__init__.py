@@ -1,1 +1,3 @@
-"""Stage 'notify': send a finished report to Slack or signed webhooks. Nothing here classifies."""
+"""Stage 'notify': send a finished report, its follow-ups and its timeline picture to the
+team's channels (Slack, Feishu, DingTalk, Microsoft Teams, PagerDuty, signed webhooks, and
+sinks of other packages), spooled and retried. Nothing here classifies."""

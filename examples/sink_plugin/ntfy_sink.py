@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from areal_watchdog.notify.digest import culprits, headline, report_path
 from areal_watchdog.notify.sinks.base import Keys, Option, Request, Sink
-from areal_watchdog.notify.sinks.digest import culprits, headline, report_path
 
 
 class NtfySink(Sink):

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.config.sinks import ResolvedSink, SinkSpec
-from areal_watchdog.notify.sinks.digest import recovery_line
+from areal_watchdog.notify.digest import recovery_line
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote_plus
 
+from areal_watchdog.notify.digest import clip, facts, fit, group_lines, headline, report_path
 from areal_watchdog.notify.sinks.base import Answer, Keys, Request, Sink, coded_answer
-from areal_watchdog.notify.sinks.digest import clip, facts, fit, group_lines, headline, report_path
 from areal_watchdog.notify.sinks.signing import dingtalk_sign
 
 MAX_BODY_BYTES = 20_000

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from areal_watchdog.notify.digest import clip, facts, fit, group_lines, headline, report_path
 from areal_watchdog.notify.envelope import encode, is_warning
 from areal_watchdog.notify.sinks.base import Answer, Keys, Request, Sink, coded_answer
-from areal_watchdog.notify.sinks.digest import clip, facts, fit, group_lines, headline, report_path
 from areal_watchdog.notify.sinks.signing import feishu_sign
 
 MAX_BODY_BYTES = 20 * 1024

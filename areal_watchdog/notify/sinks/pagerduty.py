@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from areal_watchdog.notify.envelope import encode, is_warning
-from areal_watchdog.notify.sinks.base import Keys, Option, Request, Sink
-from areal_watchdog.notify.sinks.digest import (
+from areal_watchdog.notify.digest import (
     clip,
     facts,
     fit,
@@ -22,6 +20,8 @@ from areal_watchdog.notify.sinks.digest import (
     replay_command,
     report_path,
 )
+from areal_watchdog.notify.envelope import encode, is_warning
+from areal_watchdog.notify.sinks.base import Keys, Option, Request, Sink
 
 EVENTS_API = "https://events.pagerduty.com/v2/enqueue"
 MAX_BODY_BYTES = 512 * 1024

@@ -22,7 +22,7 @@ from areal_watchdog.notify.sinks.base import Sink
 
 ENTRY_POINTS = "areal_watchdog.sinks"
 SINKS = {  # type -> "module:class"
-    "slack": "areal_watchdog.notify.sinks.slack:SlackSink",
+    "slack": "areal_watchdog.notify.sinks.slack.sink:SlackSink",
     "webhook": "areal_watchdog.notify.sinks.webhook:WebhookSink",
     "feishu": "areal_watchdog.notify.sinks.feishu:FeishuSink",
     "dingtalk": "areal_watchdog.notify.sinks.dingtalk:DingTalkSink",

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from areal_watchdog.notify.digest import clip, facts, fit, group_lines, headline, report_path
 from areal_watchdog.notify.envelope import is_warning
 from areal_watchdog.notify.sinks.base import Answer, Keys, Sink
-from areal_watchdog.notify.sinks.digest import clip, facts, fit, group_lines, headline, report_path
 
 MAX_BODY_BYTES = 28 * 1024
 CARD = "application/vnd.microsoft.card.adaptive"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from areal_watchdog.notify.sinks.digest import (
+from areal_watchdog.notify.digest import (
     MAX_GROUPS_SHOWN,
     MAX_WHERE_CHARS,
     clip,

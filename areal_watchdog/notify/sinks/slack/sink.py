@@ -10,8 +10,8 @@ from typing import Any
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.config.sinks import ResolvedSink
 from areal_watchdog.notify.sinks.base import Answer, Keys, Option, Request, Sink
-from areal_watchdog.notify.slack import build_slack_message
-from areal_watchdog.notify.slack_upload import upload_picture
+from areal_watchdog.notify.sinks.slack.message import build_slack_message
+from areal_watchdog.notify.sinks.slack.upload import upload_picture
 
 SLACK_API = "https://slack.com/api/chat.postMessage"  # where a bot token posts (and threads)
 
