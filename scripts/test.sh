@@ -16,11 +16,10 @@ bash scripts/setup.sh --areal --vllm
 # namespace and job ids, sharing the machine's munged, started here so that no cluster's teardown
 # ends it under another. The real-sidecar fleet (counts, timings) and the check-workflow module
 # (one vLLM server for its five tests, kept on one worker by loadfile) join them there, where the
-# CPU is mostly idle. The files go out longest first (tests/conftest.py's LOADFILE_ORDER).
+# CPU is mostly idle.
 munge_dir="$(mktemp -d)"
 trap 'AREAL_SLURM_DIR="$munge_dir" bash scripts/slurm-cluster.sh down >/dev/null 2>&1 || true' EXIT
 if [ "$(id -u)" -eq 0 ] && command -v munged >/dev/null; then
   AREAL_SLURM_DIR="$munge_dir" bash scripts/slurm-cluster.sh munge
 fi
-.venv/bin/python -m pytest -q -ra -n 3 --dist loadfile --no-loadscope-reorder --durations=15 \
-  -m "slurm or fleet or beside_slurm" "$@"
+.venv/bin/python -m pytest -q -ra -n 3 --dist loadfile --durations=15 -m "slurm or fleet or beside_slurm" "$@"

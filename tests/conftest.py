@@ -78,21 +78,10 @@ def launcher(tmp_path: Path) -> Iterator[Launcher]:
 SLOW_AREAL_TIMEOUT = 900  # seconds: a real AReaL run (its replays, its resumes) beside two others
 
 
-# The Slurm phase's files (``scripts/test.sh``: a file a worker), in the order that ends three
-# workers closest together: the two longest first (the eleven Slurm tests, about 320 s; the
-# single controller on Slurm, 340 s, whose second test lets its worker take the Ray test next),
-# then AReaL's SPMD on Slurm (250 s), the rest after. xdist's own order (most tests first) left
-# one worker the SPMD job and all eleven Slurm tests: 604 s where the others ended by 410 s.
-LOADFILE_ORDER = ("test_slurm", "test_areal", "test_areal_on_slurm", "test_ray", "test_monitoring")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Slurm tests are slow tests too (``-m "not slow"`` skips them); the real AReaL, Ray and
     vLLM runs get a longer time limit than the rest (a loaded CI machine took 2.6x the time
-    they take alone); a file a worker, the longest files go out first."""
-    if getattr(config.option, "dist", "no") == "loadfile":
-        rank = {name: i for i, name in enumerate(LOADFILE_ORDER)}
-        items.sort(key=lambda item: rank.get(item.module.__name__, len(rank)))
+    they take alone)."""
     for item in items:
         if item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.slow)
