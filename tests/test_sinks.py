@@ -114,8 +114,8 @@ def test_pagerduty_pages_a_hang_and_resolves_it_when_progress_resumes(
     standins: dict[str, StandIn], report: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A hang left running (``on_hang: report``) is an ``error``, a job ended for it
-    ``critical``, damage a ``warning``; a step after the hang resolves it, the damage stays
-    open until the job completes."""
+    ``critical``, damage and a possible livelock a ``warning``; a step after the hang resolves
+    it and the livelock, the damage stays open until the job completes."""
     spec = specs(standins, monkeypatch)["pagerduty"]
     said: list[str] = []
     notifier = Notifier([spec], tmp_path / "spool", Redactor(), said.append,
@@ -123,8 +123,10 @@ def test_pagerduty_pages_a_hang_and_resolves_it_when_progress_resumes(
     now = time.time()
     hang = {**report, "incident_id": "i-hang", "detected_at": iso(now - 10)}
     damage = {**report, "incident_id": "i-damage", "confirmation": {"warning": True}}
+    livelock = {**report, "incident_id": "i-livelock", "detected_at": iso(now - 5),
+                "confirmation": {"warning": True, "livelock": {"ranks": [2]}}}  # fmt: skip
     ended = {**report, "incident_id": "i-ended", "action": "cancel", "detected_at": iso(now + 5)}
-    for posted in (hang, damage, ended):
+    for posted in (hang, damage, livelock, ended):
         notifier.submit(posted)
     notifier.progressed(now - 20, 4)  # the step before the hang
     notifier.progressed(now, 5)
@@ -133,11 +135,12 @@ def test_pagerduty_pages_a_hang_and_resolves_it_when_progress_resumes(
     notifier.close(20)
     events = [(e["event_action"], e["dedup_key"]) for e in standins["pagerduty"].accepted]
     assert events == [
-        ("trigger", "i-hang"), ("trigger", "i-damage"), ("trigger", "i-ended"),
-        ("resolve", "i-hang"), ("resolve", "i-damage"), ("resolve", "i-ended"),
+        ("trigger", "i-hang"), ("trigger", "i-damage"), ("trigger", "i-livelock"),
+        ("trigger", "i-ended"), ("resolve", "i-hang"), ("resolve", "i-livelock"),
+        ("resolve", "i-damage"), ("resolve", "i-ended"),
     ]  # fmt: skip
-    severities = [e["payload"]["severity"] for e in standins["pagerduty"].accepted[:3]]
-    assert severities == ["error", "warning", "critical"]
+    severities = [e["payload"]["severity"] for e in standins["pagerduty"].accepted[:4]]
+    assert severities == ["error", "warning", "warning", "critical"]
     assert any("incident i-hang is over (progress resumed (step 5))" in line for line in said)
 
 

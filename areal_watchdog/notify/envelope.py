@@ -28,8 +28,18 @@ ENVELOPE_SCHEMA = "areal-watchdog.incident.v1"
 
 
 def is_warning(report: dict[str, Any]) -> bool:
-    """Damage posted while the job goes on (``confirmation.warning``), not a hang."""
+    """Posted while the job goes on (``confirmation.warning``), not a hang: damage, or a
+    silence that moves without working (a possible livelock, a retry loop)."""
     return bool((report.get("confirmation") or {}).get("warning"))
+
+
+def is_damage(report: dict[str, Any]) -> bool:
+    """A warning of damage (rewards silently scored 0): it lasts until the job ends, where a
+    silence's warning ends with the next step."""
+    confirmation = report.get("confirmation") or {}
+    return is_warning(report) and not (
+        confirmation.get("livelock") or confirmation.get("retry_loop")
+    )
 
 
 def build_envelope(report: dict[str, Any]) -> dict[str, Any]:

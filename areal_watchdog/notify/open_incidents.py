@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_watchdog.common.atomic import read_json
-from areal_watchdog.notify.envelope import is_warning
+from areal_watchdog.notify.envelope import is_damage
 from areal_watchdog.report.build import stamp
 
 RESOLVED = "resolved"  # the follow-up's key: delivery_id(f"{incident}|resolved", sink)
@@ -31,13 +31,14 @@ class OpenIncidents:
         self.reports[report["incident_id"]] = report
 
     def moved_after(self, progress_at: float | None) -> list[dict[str, Any]]:
-        """The hangs a step at ``progress_at`` ended (damage stays open until the end)."""
+        """The hangs, and the warnings of a silence (a livelock, a retry loop), that a step at
+        ``progress_at`` ended (damage stays open until the end)."""
         if progress_at is None:
             return []
         self._load()
         over = [
             r for r in self.reports.values()
-            if not is_warning(r) and (stamp(r.get("detected_at")) or progress_at) < progress_at
+            if not is_damage(r) and (stamp(r.get("detected_at")) or progress_at) < progress_at
         ]  # fmt: skip
         return self._close(over)
 
