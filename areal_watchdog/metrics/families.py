@@ -96,7 +96,8 @@ def job_families(job: JobMetrics, now: float) -> list[Family]:
             PREFIX + "looks_total",
             "counter",
             "looks at a silence, by outcome: dismissed "
-            "(something moved), written (a slow phase), posted, damage (a warning)",
+            "(something moved), written (a slow phase), posted, damage (a warning that lasts), "
+            "warning (a possible livelock, a retry loop)",
             [({"outcome": k}, v) for k, v in sorted(job.looks.items())],
         ),  # fmt: skip
         Family(

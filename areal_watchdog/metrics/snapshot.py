@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 STEP_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)  # seconds
 POLL_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1)  # seconds
-LOOK_OUTCOMES = ("dismissed", "written", "posted", "damage")
+LOOK_OUTCOMES = ("dismissed", "written", "posted", "damage", "warning")
 
 
 @dataclass

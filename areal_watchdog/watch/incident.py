@@ -72,11 +72,19 @@ class LocalEvidence:
 
 
 def look_outcome(post: bool, confirmation: dict[str, Any] | None) -> str:
-    """A look as the metrics count it: posted, damage (a warning), dismissed (something moved)
-    or written (a slow phase, or a verdict only time decides)."""
+    """A look as the metrics count it: posted, damage (a warning that lasts), warning (a
+    silence that moves without working: a possible livelock, a retry loop), dismissed
+    (something moved) or written (a slow phase, or a verdict only time decides)."""
+    confirmation = confirmation or {}
+    if post and confirmation.get("warning"):
+        return (
+            "warning"
+            if confirmation.get("livelock") or confirmation.get("retry_loop")
+            else "damage"
+        )
     if post:
-        return "damage" if (confirmation or {}).get("warning") else "posted"
-    return "dismissed" if (confirmation or {}).get("moved") else "written"
+        return "posted"
+    return "dismissed" if confirmation.get("moved") else "written"
 
 
 def job_secrets(pids: list[int]) -> list[str]:

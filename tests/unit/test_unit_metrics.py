@@ -52,7 +52,7 @@ def test_the_leader_exposes_the_job_and_every_series_names_job_and_node() -> Non
     assert found["areal_watchdog_silence_seconds"][0].value > 1000  # counted to the scrape
     assert found["areal_watchdog_threshold_seconds"][0].value == 5
     looks = {s.labels["outcome"]: s.value for s in found["areal_watchdog_looks"]}
-    assert looks == {"dismissed": 0, "written": 0, "posted": 1, "damage": 0}
+    assert looks == {"dismissed": 0, "written": 0, "posted": 1, "damage": 0, "warning": 0}
     buckets = {s.labels["le"]: s.value for s in found["areal_watchdog_step_interval_seconds"]
                if s.name.endswith("_bucket")}  # fmt: skip
     assert buckets["0.5"] == 3 and buckets["+Inf"] == 4

@@ -167,6 +167,8 @@ def test_on_hang_report_writes_and_posts_but_never_cancels(tmp_path: Path, launc
     ("post", "confirmation", "outcome"),
     [
         (True, {"warning": True}, "damage"),
+        (True, {"warning": True, "livelock": {"ranks": [2]}}, "warning"),
+        (True, {"warning": True, "retry_loop": {"silent_s": 95.0}}, "warning"),
         (True, {"moved": []}, "posted"),
         (False, {"moved": ["rank 0 read or wrote 5.2 MB/s"]}, "dismissed"),
         (False, {"moved": []}, "written"),
