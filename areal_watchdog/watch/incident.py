@@ -26,6 +26,7 @@ from areal_watchdog.diagnose.classify import classify, ended_cleanly
 from areal_watchdog.evidence.gather import GatherSettings
 from areal_watchdog.evidence.model import MISSING, Evidence, RankEvidence, plain
 from areal_watchdog.evidence.trigger import SILENCES, Trigger
+from areal_watchdog.notify.envelope import is_damage, is_warning
 from areal_watchdog.notify.notifier import Notifier
 from areal_watchdog.report.bound import split_ranks
 from areal_watchdog.report.build import IncidentContext, build_report, new_incident_id
@@ -75,16 +76,12 @@ def look_outcome(post: bool, confirmation: dict[str, Any] | None) -> str:
     """A look as the metrics count it: posted, damage (a warning that lasts), warning (a
     silence that moves without working: a possible livelock, a retry loop), dismissed
     (something moved) or written (a slow phase, or a verdict only time decides)."""
-    confirmation = confirmation or {}
-    if post and confirmation.get("warning"):
-        return (
-            "warning"
-            if confirmation.get("livelock") or confirmation.get("retry_loop")
-            else "damage"
-        )
+    report = {"confirmation": confirmation}
+    if post and is_warning(report):
+        return "damage" if is_damage(report) else "warning"
     if post:
         return "posted"
-    return "dismissed" if confirmation.get("moved") else "written"
+    return "dismissed" if (confirmation or {}).get("moved") else "written"
 
 
 def job_secrets(pids: list[int]) -> list[str]:

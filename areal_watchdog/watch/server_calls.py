@@ -46,6 +46,7 @@ class ServerCallSensor:
         self.awaited = awaited_server(calls + self.remember(now, calls), self.took)
 
     def learn(self, key: tuple[int, str], sent: float, took: float) -> None:
+        """A call of ``key`` sent at ``sent`` was answered (or ended) ``took`` seconds later."""
         self.took[key] = max(self.took.get(key, 0.0), took)
         self.answers[key] = (sent, took)
 
