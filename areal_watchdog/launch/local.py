@@ -236,28 +236,40 @@ class _LocalRun:
         return True
 
     def exit_code(self, returncode: int | None, interrupted: bool) -> int:
+        """Exit 3 only where this launcher ended the job for the watchdog: a job that ended by
+        itself first (a crash the sidecar posted while its teardown ran) keeps its own code."""
         if interrupted:
             return ExitCode.INTERRUPTED
-        if self.cancelled or HangRequest.read(self.layout) is not None:
+        if self.cancelled:
             self.say_verdict()
             return ExitCode.HANG_CANCELLED
+        if HangRequest.read(self.layout) is not None:
+            self.say_verdict(cancelled=False)
         return ExitCode.OK if returncode == 0 else ExitCode.JOB_FAILED
 
-    def say_verdict(self) -> None:
-        for line in cancel_verdict(self.layout, self.cancel_incident):
+    def say_verdict(self, cancelled: bool = True) -> None:
+        for line in cancel_verdict(self.layout, self.cancel_incident, cancelled):
             self.say(line)
 
 
-def cancel_verdict(layout: RunLayout, incident_id: str | None = None) -> list[str]:
-    """The last words on the terminal after a cancel: the verdict and where the report is
-    (a full disk may have kept both off the disk: the sidecar said the verdict already)."""
+def cancel_verdict(
+    layout: RunLayout, incident_id: str | None = None, cancelled: bool = True
+) -> list[str]:
+    """The last words on the terminal after a cancel (or a report posted as the job ended by
+    itself): the verdict and where the report is (a full disk may have kept both off the
+    disk: the sidecar said the verdict already)."""
     request = HangRequest.read(layout)
     incident = layout.incidents_dir / str(request.incident_id if request else incident_id)
     report = read_json(incident / "report.json")
     if not isinstance(report, dict):
         return []
+    how = (
+        "job cancelled after a hang"
+        if cancelled
+        else "the job ended by itself; the watchdog reported"
+    )
     return [
-        f"job cancelled after a hang: {report.get('category')} -- {report.get('summary')}",
+        f"{how}: {report.get('category')} -- {report.get('summary')}",
         f"report: {incident / 'report.md'}",
     ]
 
