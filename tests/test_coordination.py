@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from areal_watchdog.rundir.layout import RunLayout
-from areal_watchdog.watch.coordination import Coordinator
+from areal_watchdog.watch.coordination import FIRST_STATUS_GRACE_S, Coordinator
 from areal_watchdog.watch.status_keeper import StatusKeeper
 
 NODES = [f"n{i}" for i in range(40)]
@@ -281,3 +281,24 @@ def test_a_node_that_joins_late_is_alive_not_lost(tmp_path: Path) -> None:
         time.sleep(0.01)
         leader.refresh()
     assert len(leader.nodes) == 10 and leader.lost_nodes(finished=set()) == []
+
+
+def test_a_peer_whose_sidecar_starts_late_is_not_lost_one_that_never_speaks_is(
+    tmp_path: Path,
+) -> None:
+    """Each sidecar starts on its own node (a Ray actor's cold worker under load started one
+    10 s behind the head's, and the head named that node lost before the first step): a peer
+    that has never spoken is waited for FIRST_STATUS_GRACE_S, however short ``node_timeout``."""
+    layout = launched(tmp_path)
+    head = Coordinator(layout, "r1", "head", ["head", "late"], 0.6)
+    head.publish({"state": "watching"})
+    head.started_at -= 30  # the late node has not spoken for 50 node timeouts
+    head.refresh()
+    assert head.lost_nodes(finished=set()) == []
+    Coordinator(layout, "r1", "late", ["head", "late"], 0.6).publish({"state": "watching"})
+    head.read_all()
+    assert head.lost_nodes(finished=set()) == [] and "late" in head.seen
+    silent = Coordinator(layout, "r1", "head", ["head", "never"], 0.6)
+    silent.started_at -= FIRST_STATUS_GRACE_S + 1
+    silent.refresh()
+    assert silent.lost_nodes(finished=set()) == ["never"]

@@ -56,6 +56,10 @@ from areal_watchdog.rundir.layout import RunLayout
 
 ENDED_STATES = ("ending", "finished")  # a node that says so is not lost when it falls silent
 PUBLISH_FRACTION = 3  # a status is rewritten every node_timeout / 3: two may be missed
+# A peer's sidecar may first speak this long after ours started: each starts on its own node
+# (a Ray actor waiting for a cold worker, an srun step on a busy node; CI once had a Ray node's
+# start 10 s behind the head's under load, and it was named lost before the first step).
+FIRST_STATUS_GRACE_S = 60.0
 COLLECT_POLL_MAX = 0.25  # seconds between two looks for evidence answers, at most
 READERS = 8  # statuses and answers read side by side: round trips on a network filesystem
 
@@ -251,12 +255,15 @@ class Coordinator:
 
     def alive(self, node: str, within: float | None = None) -> bool:
         """This node, or a node whose status moved within ``within`` seconds (default
-        ``node_timeout``; a node never seen counts from this sidecar's start)."""
+        ``node_timeout``); a node never seen, until ``FIRST_STATUS_GRACE_S`` after this
+        sidecar's start (at least that long)."""
         if node == self.node:
             return True
+        limit = self.node_timeout if within is None else within
         seen = self.seen.get(node)
-        reference = seen.changed_at if seen else self.started_at
-        return time.monotonic() - reference <= (self.node_timeout if within is None else within)
+        if seen is None:
+            return time.monotonic() - self.started_at <= max(limit, FIRST_STATUS_GRACE_S)
+        return time.monotonic() - seen.changed_at <= limit
 
     def lost_nodes(self, finished: set[str]) -> list[str]:
         """Nodes whose sidecar stopped publishing without finishing."""
