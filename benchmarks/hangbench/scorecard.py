@@ -25,12 +25,20 @@ class Score:
     signal: Signal | None = None
     seconds: float | None = None  # hang to signal (a hang case), launch to signal (healthy)
     kind_ok: bool | None = None
-    culprit_ok: bool | None = None  # None: the label names no rank
+    culprit_ok: bool | None = None  # None: the label names no rank, or nothing was found
     empty: str = ""  # why the cell is empty (the tool could not run here)
+    culprit_labelled: bool = False  # the label names culprit ranks (found or not)
 
     @property
     def detected(self) -> bool:
         return not self.healthy and self.signal is not None and (self.seconds or 0) >= 0
+
+    @property
+    def right(self) -> bool:
+        """The headline: found, of the right kind, and naming the labelled culprit (where the
+        label names one)."""
+        culprit = self.culprit_ok if self.culprit_labelled else True
+        return self.detected and bool(self.kind_ok) and bool(culprit)
 
     @property
     def false_alarm(self) -> bool:
@@ -42,28 +50,35 @@ def score(
 ) -> Score:
     """A signal later than the case's limit (and the grace a timeout set to it needs) is none."""
     label = case.label
+    labelled = bool(label.culprit_ranks) and not label.healthy
     if label.healthy or signal is None:
         seconds = signal.at - run.started if signal else None
-        return Score(case.name, tool, repeat, label.healthy, signal, seconds)
+        return Score(case.name, tool, repeat, label.healthy, signal, seconds,
+                     culprit_labelled=labelled)  # fmt: skip
     hang_at = run.step_at(label.after_step)
     seconds = signal.at - hang_at if hang_at else None
     if seconds is None or seconds > case.limit + grace:
-        return Score(case.name, tool, repeat, False)
-    culprit_ok = set(signal.culprits) == set(label.culprit_ranks) if label.culprit_ranks else None
+        return Score(case.name, tool, repeat, False, culprit_labelled=labelled)
+    culprit_ok = set(signal.culprits) == set(label.culprit_ranks) if labelled else None
     kind_ok = label.kind in signal.kind.split("/")
-    return Score(case.name, tool, repeat, False, signal, seconds, kind_ok, culprit_ok)
+    return Score(case.name, tool, repeat, False, signal, seconds, kind_ok, culprit_ok,
+                 culprit_labelled=labelled)  # fmt: skip
 
 
 def totals(scores: list[Score], tool: str) -> dict[str, object]:
+    """One tool's line: every count over every labelled run (found or not), never over only
+    what the tool found; the seconds over what it found."""
     mine = [s for s in scores if s.tool == tool and not s.empty]
     hangs = [s for s in mine if not s.healthy]
     found = [s for s in hangs if s.detected]
     seconds = [s.seconds for s in found if s.seconds is not None]
-    named = [s for s in hangs if s.culprit_ok is not None]
+    named = [s for s in hangs if s.culprit_labelled]
     return {
         "tool": tool,
         "hangs": len(hangs),
+        "right": sum(s.right for s in hangs),
         "detected": len(found),
+        "min_s": round(min(seconds), 1) if seconds else None,
         "median_s": round(statistics.median(seconds), 1) if seconds else None,
         "max_s": round(max(seconds), 1) if seconds else None,
         "right_kind": sum(bool(s.kind_ok) for s in found),
@@ -90,12 +105,14 @@ def markdown(scores: list[Score], cases: list[Case], tools: list[str], summary: 
              meta: dict) -> str:  # fmt: skip
     lines = [f"HangBench, {meta['when']}: {len(cases)} cases ({sum(c.label.healthy for c in cases)}"
              f" healthy), {meta['repeat']} run(s) each, {meta['minutes']:.1f} min.", "",
-             "| tool | hangs found | median s | max s | right kind | right culprit "
-             "| false alarms |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| tool | right kind and culprit | found | seconds min / median / max "
+             "| right kind | right culprit | false alarms |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for t in summary:
+        spread = " / ".join(str(t[k] or "-") for k in ("min_s", "median_s", "max_s"))
         lines.append(
-            f"| {t['tool']} | {t['detected']} of {t['hangs']} | {t['median_s'] or '-'} "
-            f"| {t['max_s'] or '-'} | {t['right_kind']} of {t['hangs']} "
+            f"| {t['tool']} | **{t['right']} of {t['hangs']}** | {t['detected']} of {t['hangs']} "
+            f"| {spread} | {t['right_kind']} of {t['hangs']} "
             f"| {t['right_culprit']} of {t['culprit_cases']} "
             f"| {t['false_alarms']} of {t['healthy']} |"
         )
@@ -142,7 +159,7 @@ def _one(s: Score) -> str:
 
 
 def _plain(s: Score) -> dict:
-    return {**asdict(s), "detected": s.detected, "false_alarm": s.false_alarm}
+    return {**asdict(s), "detected": s.detected, "right": s.right, "false_alarm": s.false_alarm}
 
 
 def _plot(scores: list[Score], cases: list[Case], tools: list[str], path: Path) -> None:

@@ -1,0 +1,68 @@
+"""HangBench's scoring, the function its headline stands on: a hang counts as right only when
+found with the right kind and (where the label names one) the right culprit, every count is
+over every labelled run, found or not, and a signal before the hang or past the case's limit is
+no find."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.hangbench.cases import Case, Label
+from benchmarks.hangbench.runs import Run
+from benchmarks.hangbench.scorecard import Score, markdown, score, totals
+from benchmarks.hangbench.tools import Signal
+
+STEP_3_AT = 100.0  # when the last good step's line arrived
+
+
+def case(name: str, label: Label) -> Case:
+    return Case(name, Path("/cases") / name, name, Path("/cases/p.py"), {}, label, limit=25.0)
+
+
+def run_of(c: Case) -> Run:
+    return Run(c, Path("/r"), Path("/r/run"), 90.0, [(STEP_3_AT, "Train step 3/10 done")], 3)
+
+
+STUCK = case("stuck", Label(False, "collective_stuck", (2,), after_step=3))
+MISMATCH = case("mismatch", Label(False, "collective_mismatch", (), after_step=3))
+HEALTHY = case("quiet", Label(True))
+
+
+def scored(c: Case, signal: Signal | None, tool: str = "t") -> Score:
+    return score(c, run_of(c), tool, 0, signal, grace=5.0)
+
+
+def test_right_needs_the_kind_and_the_labelled_culprit() -> None:
+    assert scored(STUCK, Signal(106.5, "collective_stuck", (2,))).right
+    wrong_rank = scored(STUCK, Signal(106.5, "collective_stuck", (1,)))
+    assert wrong_rank.detected and not wrong_rank.right and wrong_rank.culprit_ok is False
+    assert not scored(STUCK, Signal(106.5, "straggler", (2,))).right
+    assert scored(MISMATCH, Signal(103.0, "collective_mismatch")).right  # no rank labelled
+    assert scored(STUCK, Signal(106.5, "rank_crashed/collective_stuck", (2,))).right
+
+
+def test_a_signal_before_the_hang_or_past_the_limit_is_no_find() -> None:
+    early = scored(STUCK, Signal(99.0, "collective_stuck", (2,)))
+    assert early.false_alarm and not early.detected and not early.right
+    late = scored(STUCK, Signal(STEP_3_AT + 25.0 + 5.1, "collective_stuck", (2,)))
+    assert late.signal is None and not late.detected and late.culprit_labelled
+
+
+def test_the_totals_count_every_labelled_run_found_or_not() -> None:
+    scores = [
+        scored(STUCK, Signal(104.0, "collective_stuck", (2,))),  # right, 4 s
+        scored(STUCK, Signal(110.0, "collective_stuck", (0,))),  # found, wrong culprit, 10 s
+        scored(STUCK, None),  # missed: still counted among the culprit cases
+        scored(MISMATCH, Signal(101.0, "collective_mismatch")),  # right, 1 s
+        scored(HEALTHY, Signal(95.0, "straggler", (0,))),  # a false alarm
+        scored(HEALTHY, None),
+        Score("stuck", "t", 1, False, empty="needs a GPU"),  # not run: counted nowhere
+    ]
+    line = totals(scores, "t")
+    assert (line["right"], line["detected"], line["hangs"]) == (2, 3, 4)
+    assert (line["right_culprit"], line["culprit_cases"]) == (1, 3)
+    assert (line["min_s"], line["median_s"], line["max_s"]) == (1.0, 4.0, 10.0)
+    assert (line["false_alarms"], line["healthy"], line["empty"]) == (1, 2, 1)
+    meta = {"when": "now", "repeat": 1, "minutes": 1.0}
+    table = markdown(scores, [STUCK, MISMATCH, HEALTHY], ["t"], [line], meta)
+    assert "| t | **2 of 4** | 3 of 4 | 1.0 / 4.0 / 10.0 | 3 of 4 | 1 of 3 | 1 of 2 |" in table
