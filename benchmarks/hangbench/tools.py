@@ -53,8 +53,10 @@ class AreaLWatchdog:
         self.receiver = receiver
 
     def prepare(self, case: Case, launch: Launch) -> None:
+        """The webhook added to what the case's ``watchdog`` section says of its machine (a
+        recorded GPU): the case reaches the run whole."""
         launch.args.append("--watchdog")
-        launch.config["watchdog"] = {"notify": [
+        launch.config["watchdog"] = {**launch.config.get("watchdog", {}), "notify": [
             {"type": "webhook", "url_env": "BENCH_HOOK_URL", "secret_env": "BENCH_HOOK_SECRET"}
         ]}  # fmt: skip
 

@@ -3,12 +3,15 @@ program that exists and a kind the watchdog knows, and a third of the cases are 
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
 
 from areal_watchdog.diagnose.kinds import CATEGORIES, CAUSES
-from benchmarks.hangbench.cases import CaseError, load_case, load_cases
+from benchmarks.hangbench.cases import CASES, CaseError, load_case, load_cases
+from benchmarks.hangbench.runs import Launch
+from benchmarks.hangbench.tools import AreaLWatchdog
 
 KINDS = {k.name for k in (*CATEGORIES, *CAUSES)}
 
@@ -70,3 +73,13 @@ def test_the_slurm_cases_span_nodes_a_lost_one_a_straggling_one_and_a_slow_healt
     assert all(c.config["cluster"]["n_nodes"] >= 2 for c in on_slurm)
     kinds = {c.label.kind for c in on_slurm if not c.label.healthy}
     assert kinds == {"node_lost", "straggler"} and any(c.label.healthy for c in on_slurm)
+
+
+def test_the_watchdog_row_keeps_what_the_case_says_of_its_machine() -> None:
+    """The silent GPU evaluation is healthy only with its recorded GPU at work: the row adds
+    its webhook to the case's ``watchdog`` section, never in its place."""
+    case = load_case(CASES / "demo-gpu_eval")
+    launch = Launch(config=copy.deepcopy(case.config))
+    AreaLWatchdog(receiver=None).prepare(case, launch)  # type: ignore[arg-type]
+    watchdog = launch.config["watchdog"]
+    assert watchdog["gpu"]["backend"] == "recorded" and watchdog["notify"][0]["type"] == "webhook"
