@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -21,8 +22,9 @@ from areal_watchdog.diagnose.activity import work_thread
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.diagnose.movement import marks, moved
 from areal_watchdog.diagnose.strength import strength
-from areal_watchdog.evidence.counters import rates, read_counters, real_data
-from areal_watchdog.evidence.model import RUNNING, Evidence, Frame
+from areal_watchdog.evidence.counters import Counters, rates, read_counters, real_data
+from areal_watchdog.evidence.model import RUNNING, Evidence, Frame, plain
+from areal_watchdog.evidence.process_movement import IoWindow, ProcessMovement
 from areal_watchdog.evidence.process_tree import TreeMeter
 from areal_watchdog.evidence.sockets import parse_ss
 from areal_watchdog.watch.escalation import summary_prefix
@@ -35,10 +37,10 @@ def with_io(evidence: Evidence, pid: int, rates: list[float], start: float = 0.0
     """The same look, ``pid``'s poll windows (a second each, from ``start``) at ``rates``."""
     later = copy.deepcopy(evidence)
     for process in later.processes():
-        windows = [[start + i + 1, WATCHED_FLOOR, 0.0] for i in range(len(rates))]
+        windows = [IoWindow(start + i + 1, WATCHED_FLOOR, 0.0, 0.0) for i in range(len(rates))]
         if process.pid == pid:
-            windows = [[start + i + 1, r, r] for i, r in enumerate(rates)]
-        process.counters = {"at": start + len(rates), "cpu_s": 1.0, "io_windows": windows}
+            windows = [IoWindow(start + i + 1, r, r, 0.0) for i, r in enumerate(rates)]
+        process.movement = ProcessMovement(Counters(start + len(rates), 1.0), tuple(windows))
     return later
 
 
@@ -203,12 +205,16 @@ def test_a_rank_uploading_over_tcp_between_the_looks_is_busy_not_hung() -> None:
     first, second = with_io(evidence, pid, [0.0] * 3), with_io(evidence, pid, [0.0] * 6)
     for look, (at, carried) in ((first, (3.0, 576001)), (second, (6.0, 1536001))):
         for process in look.processes():
-            process.counters.update(at=at, tcp_bytes=carried if process.pid == pid else 0)
+            process.movement = ProcessMovement(
+                Counters(at, 1.0), tcp_bytes=carried if process.pid == pid else 0
+            )
     (line,) = moved(marks(first, 3), marks(second, 3))
     assert line == f"rank 2 (pid {pid}) sent or received 0.32 MB/s over TCP since the first look " \
         "(an upload, a download): busy, not hung"  # fmt: skip
     for process in second.processes():  # a stalled upload: nothing acknowledged since
-        process.counters["tcp_bytes"] = 576001 if process.pid == pid else 0
+        process.movement = ProcessMovement(
+            Counters(6.0, 1.0), tcp_bytes=576001 if process.pid == pid else 0
+        )
     assert moved(marks(first, 3), marks(second, 3)) == []
 
 
@@ -234,7 +240,8 @@ def with_windows(evidence: Evidence, pid: int, windows: list[list[float]]) -> Ev
     later = copy.deepcopy(evidence)
     for process in later.processes():
         own = windows if process.pid == pid else [[w[0], WATCHED_FLOOR, 0, 0, 0] for w in windows]
-        process.counters = {"at": windows[-1][0], "cpu_s": 1.0, "io_windows": own}
+        movement = ProcessMovement(Counters(windows[-1][0], 1.0), tuple(IoWindow(*w) for w in own))
+        process.movement = movement
     return later
 
 
@@ -364,3 +371,15 @@ def test_every_episode_failing_while_the_server_churns_is_a_warning_quoting_its_
     assert not d.cancelling
     d.run_until(5 * THRESHOLD + 12)
     assert d.cancelling and d.reports[-1]["confirmation"]["by"] == "hard_limit"
+
+
+def test_a_processs_movement_crosses_nodes_whole() -> None:
+    """A follower's answer carries each process's movement as JSON: the leader's rules read
+    the same typed record back (windows, TCP bytes, time blocked in the kernel)."""
+    evidence, pid = straggler()
+    (rank,) = [r for r in evidence.ranks if r.pid == pid]
+    windows = (IoWindow(1.0, CHECKPOINT, 0.0, 0.95, 12.5), IoWindow(2.0, 0.0, 0.0, 0.0))
+    rank.movement = ProcessMovement(Counters(2.0, 1.5, 10, 20, 0, 4096, 7, 1.75), windows, 9, 8.5)
+    sent = json.loads(json.dumps(plain(rank)))
+    assert Evidence.rank_from_dict(sent).movement == rank.movement
+    assert ProcessMovement.from_dict({"counters": "torn"}) is None

@@ -42,8 +42,9 @@ from typing import Any
 from areal_watchdog.common.rankset import ranks_phrase
 from areal_watchdog.diagnose.activity import ROLLOUT_CALLS, work_thread
 from areal_watchdog.diagnose.frames import bare
-from areal_watchdog.evidence.counters import children_work, real_data
+from areal_watchdog.evidence.counters import real_data
 from areal_watchdog.evidence.model import BLOCKED, RUNNING, Evidence, RankEvidence
+from areal_watchdog.evidence.process_movement import IoWindow
 
 # Causes whose processes keep moving while nothing progresses.
 RETRY_LOOPS = frozenset({"workflow_failing"})
@@ -84,10 +85,7 @@ class Marks:
     completed: dict[int, int]
     servers: dict[str, ServerWork]
     gpus: dict[int, GpuWork] = field(default_factory=dict)  # rank -> its GPU
-    # pid -> its rate windows (end, bytes read and written a second, bytes to storage a
-    # second, cores its descendants burned, bytes written to its own logs a second), its
-    # descendants' bytes included and its log writes not
-    io: dict[int, tuple[tuple[float, ...], ...]] = field(default_factory=dict)
+    io: dict[int, tuple[IoWindow, ...]] = field(default_factory=dict)  # pid -> its polls' rates
     labels: dict[int, str] = field(default_factory=dict)  # pid -> ``rank 0``, for people
     tcp: dict[int, tuple[float, int]] = field(default_factory=dict)  # pid -> (at, TCP bytes)
 
@@ -101,7 +99,7 @@ def marks(evidence: Evidence, step: int | None) -> Marks:
         {p.pid: (p.tasks_ended or {}).get("ok", 0) for p in live if p.pid},
         {str(s["address"]): _work(s) for s in evidence.servers if s.get("address")},
         {r.rank: _gpu(r.gpu) for r in evidence.ranks if r.gpu and r.state in (BLOCKED, RUNNING)},
-        {p.pid: _windows(p) for p in live if p.pid},
+        {p.pid: p.movement.io_windows if p.movement else () for p in live if p.pid},
         {p.pid: p.label() for p in live if p.pid},
         {p.pid: tcp for p in live if p.pid and (tcp := _tcp(p)) is not None},
     )
@@ -195,19 +193,21 @@ def busy_io(first: Marks, second: Marks) -> list[str]:
     for pid, windows in sorted(second.io.items()):
         if pid not in first.io:
             continue
-        since = max((w[0] for w in first.io[pid]), default=0.0)
-        between = [w for w in windows if w[0] > since]
-        busy = [w for w in between if real_data(w[1], w[2])]
-        working = [w for w in between if children_work(w[3])]
+        since = max((w.end for w in first.io[pid]), default=0.0)
+        between = [w for w in windows if w.end > since]
+        busy = [w for w in between if w.real_data]
+        working = [w for w in between if w.children_work]
         if len(busy) * 2 > len(between) >= 2:  # one window may hold the look's own dumps
-            rate = max(statistics.median(w[1] for w in busy), statistics.median(w[2] for w in busy))
+            rate = max(
+                statistics.median(w.io for w in busy), statistics.median(w.disk for w in busy)
+            )
             found.append(
                 f"{_who(second, pid)} read or wrote {rate / 1e6:.1f} MB/s in {len(busy)} of "
                 f"{len(between)} polls since the first look, its child processes' included (a "
                 "checkpoint, a dataset read, a copy): busy, not hung"
             )
         elif len(working) * 2 > len(between):  # a look burns no CPU in a rank's children
-            cores = statistics.median(w[3] for w in working)
+            cores = statistics.median(w.children_cpu for w in working)
             found.append(
                 f"the child processes of {_who(second, pid)} worked ({cores:.1f} cores in "
                 f"{len(working)} of {len(between)} polls since the first look: DataLoader "
@@ -236,26 +236,10 @@ def _who(marks_: Marks, pid: int) -> str:
 
 
 def _tcp(process: RankEvidence) -> tuple[float, int] | None:
-    counters = process.counters or {}
-    at, carried = counters.get("at"), counters.get("tcp_bytes")
-    if isinstance(at, (int, float)) and isinstance(carried, int):
-        return float(at), carried
-    return None
-
-
-def _windows(process: RankEvidence) -> tuple[tuple[float, ...], ...]:
-    """Its rate windows, each of five values (one recorded before descendants and logs were
-    told apart has three: the rest are 0)."""
-    counters = process.counters or {}
-    found = []
-    for window in counters.get("io_windows") or []:
-        try:
-            values = [float(v) for v in window][:5]
-        except (TypeError, ValueError):
-            continue
-        if len(values) >= 3:
-            found.append(tuple(values + [0.0] * (5 - len(values))))
-    return tuple(found)
+    movement = process.movement
+    if movement is None or movement.tcp_bytes is None:
+        return None
+    return movement.at, movement.tcp_bytes
 
 
 def _gpu(entry: dict[str, Any]) -> GpuWork:

@@ -30,8 +30,7 @@ CANCEL_NOTE = (
 def storage_wait(process: RankEvidence) -> KernelWait | None:
     """The process's wait on storage, if the sidecar saw it blocked in the kernel with no data
     moving for ``BLOCKED_IN_KERNEL_S`` and it waits in a filesystem call on a mount now."""
-    blocked = (process.counters or {}).get("kernel_blocked_s")
-    if not isinstance(blocked, (int, float)) or blocked < BLOCKED_IN_KERNEL_S:
+    if process.movement is None or process.movement.kernel_blocked_s < BLOCKED_IN_KERNEL_S:
         return None
     for entry in process.kernel_waits:
         wait = KernelWait.from_dict(entry)

@@ -46,12 +46,6 @@ def children_work(children_cpu: float) -> bool:
     return children_cpu >= CHILDREN_CPU_FLOOR
 
 
-def at_work(io_rate: float, disk_rate: float, children_cpu: float = 0.0) -> bool:
-    """A rate window in which the process (with its descendants) did work that is movement:
-    real data read or written, or its descendants burning CPU."""
-    return real_data(io_rate, disk_rate) or children_work(children_cpu)
-
-
 @dataclass(frozen=True)
 class Counters:
     """One process's counters at one moment (``at``, Unix seconds); None: not readable here."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, is_dataclass
 from typing import Any
 
+from areal_watchdog.evidence.process_movement import ProcessMovement
+
 # Rank states.
 BLOCKED = "blocked"  # alive, stack taken, CPU time not moving
 RUNNING = "running"  # alive, stack taken, CPU time moving
@@ -74,7 +76,7 @@ class RankEvidence:
     cpu_utilization: float | None = None  # cores busy over the last poll interval (1.0 = one core)
     process_status: str | None = None  # psutil's status at dump time ("stopped": SIGSTOPped)
     gpu: dict[str, Any] | None = None  # the rank's GPU at detection: utilisation, power, state
-    counters: dict[str, Any] | None = None  # its own counters at the look (evidence.counters)
+    movement: ProcessMovement | None = None  # its counters at the look, and the polls' before
     error: str | None = None  # why no stack (or no py-spy stack) could be taken
     log_tail: str = ""
     tasks: list[dict[str, Any]] = field(default_factory=list)  # pending asyncio tasks (rank.tasks)
@@ -136,6 +138,7 @@ class Evidence:
         item["samples"] = [_threads(sample) for sample in item.get("samples", [])]
         if item.get("exit") is not None:
             item["exit"] = ExitInfo(**item["exit"])
+        item["movement"] = ProcessMovement.from_dict(item.get("movement"))
         return RankEvidence(**item)
 
     @classmethod

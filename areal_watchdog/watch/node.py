@@ -12,7 +12,7 @@ from typing import Any
 
 import psutil
 
-from areal_watchdog.evidence.counters import Counters, at_work, rates, read_counters
+from areal_watchdog.evidence.counters import Counters, rates, read_counters
 from areal_watchdog.evidence.discovery import JobProcess, Scope, discover, helpers
 from areal_watchdog.evidence.flight_recorder import collect
 from areal_watchdog.evidence.gather import (
@@ -26,6 +26,7 @@ from areal_watchdog.evidence.gpu import GpuBackend, IdleTracker, NoGpu
 from areal_watchdog.evidence.kernel_wait import WAIT_CALLS, kernel_waits, main_wait
 from areal_watchdog.evidence.log_writes import LogMeter
 from areal_watchdog.evidence.model import BLOCKED, RUNNING, RankEvidence
+from areal_watchdog.evidence.process_movement import IoWindow, ProcessMovement
 from areal_watchdog.evidence.process_tree import TreeMeter, TreeRates, describe_children
 from areal_watchdog.evidence.rollout import gather_rollout
 from areal_watchdog.evidence.sockets import tcp_bytes
@@ -45,12 +46,7 @@ class _Watched:
     window: Counters  # the reading the rates are taken from (at least ``MIN_CPU_WINDOW`` old)
     utilization: float | None = None  # cores busy over the last window
     counters: Counters | None = None  # the newest reading (a look reports it)
-    # (end, bytes read and written a second, bytes to and from storage a second, cores its
-    # descendants burned, bytes it wrote to its own logs a second): the bytes are its own and
-    # its descendants' together, less what it wrote to its logs (a log flood is no work)
-    windows: deque[tuple[float, float, float, float, float]] = field(
-        default_factory=lambda: deque(maxlen=WINDOWS_KEPT)
-    )
+    windows: deque[IoWindow] = field(default_factory=lambda: deque(maxlen=WINDOWS_KEPT))
     tree: TreeMeter | None = None  # its descendants (DataLoader workers, a copy subprocess)
     logs: LogMeter | None = None  # its stdout, stderr and log files
     parts: frozenset[int] = frozenset()  # the node's other watched processes: not its tree
@@ -90,13 +86,17 @@ class _Watched:
             if found and "io" in found:
                 io = max(0.0, found["io"] - logged) + kids.io
                 disk = max(0.0, found.get("disk", 0.0) - logged) + kids.disk
-                self.windows.append((now, io, disk, kids.cpu, logged))
-        moving = bool(self.windows) and at_work(*self.windows[-1][1:4])
+                self.windows.append(IoWindow(now, io, disk, kids.cpu, logged).rounded())
+        moving = self.at_work()
         idle = (self.utilization or 0.0) < BUSY_CPU or status == psutil.STATUS_DISK_SLEEP
         wait = main_wait(self.proc.pid) if idle and not moving else None
         stuck = wait is not None and wait.stuck
         self.kernel_since = (self.kernel_since or now) if stuck else None
         return True
+
+    def at_work(self) -> bool:
+        """Its last poll window shows work by it or its descendants (``IoWindow.at_work``)."""
+        return bool(self.windows) and self.windows[-1].at_work
 
 
 @dataclass
@@ -189,10 +189,10 @@ class NodeWatch:
         items = gather_node(self.layout, self.node, live, dict(self.gone), self.cpu(), settings)
         by_pid = self.gpus.per_pid()
         by_index = {g["index"]: g for g in by_pid.values()} or self.gpus.per_index()
-        counters = self.counters()
+        movements = self.movements()
         for item in items:
             item.gpu = by_pid.get(item.pid) or by_index.get(item.local_rank)
-            item.counters = counters.get(item.pid)
+            item.movement = movements.get(item.pid)
         self.describe_trees(items, settings.timeout)
         return items
 
@@ -219,28 +219,26 @@ class NodeWatch:
         items = gather_workers(
             self.layout, live, list(self.workers_gone.values()), self.cpu(), settings
         )
-        counters = self.counters()
+        movements = self.movements()
         for item in items:
-            item.counters = counters.get(item.pid)
+            item.movement = movements.get(item.pid)
         self.describe_trees(items, settings.timeout)
         return items
 
-    def counters(self) -> dict[int | None, dict[str, Any]]:
-        """Each live rank's and worker's counters as its last sample read them (the look's
-        refresh, or the poll before), with its I/O rate windows and TCP bytes, by pid (a look
-        compares them with the look before: ``diagnose.movement``)."""
+    def movements(self) -> dict[int | None, ProcessMovement]:
+        """Each live rank's and worker's movement as its last sample read it (the look's
+        refresh, or the poll before), by pid (a look compares them with the look before:
+        ``diagnose.movement``)."""
         watched = [*self.live.values(), *self.workers.values()]
         tcp = tcp_bytes({w.proc.pid for w in watched})
-        found: dict[int | None, dict[str, Any]] = {}
+        found: dict[int | None, ProcessMovement] = {}
         for process in watched:
             if process.counters is not None:
-                windows = [[round(v, 3) for v in w] for w in process.windows]
                 since = process.kernel_since
-                found[process.proc.pid] = {
-                    **process.counters.to_dict(), "io_windows": windows,
-                    "tcp_bytes": tcp.get(process.proc.pid),
-                    "kernel_blocked_s": round(process.counters.at - since, 2) if since else 0.0,
-                }  # fmt: skip
+                blocked = round(process.counters.at - since, 2) if since else 0.0
+                found[process.proc.pid] = ProcessMovement(
+                    process.counters, tuple(process.windows), tcp.get(process.proc.pid), blocked
+                )
         return found
 
     def in_kernel_since(self) -> dict[int, float]:
@@ -251,8 +249,8 @@ class NodeWatch:
 
     def ranks_at_work(self) -> list[int]:
         """The live ranks whose last poll window shows work by them or their descendants
-        (``evidence.counters.at_work``): the in-flight sensor's "nothing moving data"."""
-        return sorted(r for r, w in self.live.items() if w.windows and at_work(*w.windows[-1][1:4]))
+        (``IoWindow.at_work``): the in-flight sensor's "nothing moving data"."""
+        return sorted(r for r, w in self.live.items() if w.at_work())
 
     def cpu(self) -> dict[int, float]:
         """Recent CPU use by pid."""
