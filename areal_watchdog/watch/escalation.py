@@ -78,7 +78,7 @@ class Escalation(BusyWarnings):
         if configured is not None:
             return configured
         limit = CANCEL_AFTER_FACTOR * max(self.clock.threshold, self.clock.max_interval)
-        return max(limit, LEARNED_CANCEL_AFTER_MIN) if self.clock.stall_timeout is None else limit
+        return max(limit, LEARNED_CANCEL_AFTER_MIN) if self.clock.automatic else limit
 
     def open_look(self) -> tuple[str | None, str]:
         """The look open at this silence, for ``status``: what it suspects, and what decides it

@@ -164,9 +164,14 @@ class StallClock:
         return min(threshold, quick)
 
     @property
+    def automatic(self) -> bool:
+        """The threshold is ``auto``: the job's own step intervals set it once learned."""
+        return self.stall_timeout is None
+
+    @property
     def learned(self) -> bool:
         """The threshold follows the job's own step intervals (``auto``, past the warm-up)."""
-        return self.stall_timeout is None and len(self.intervals) >= WARMUP_INTERVALS
+        return self.automatic and len(self.intervals) >= WARMUP_INTERVALS
 
     def silent_for(self, now: float) -> float:
         return now - self.last_progress_at
