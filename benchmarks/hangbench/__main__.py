@@ -1,8 +1,9 @@
 """HangBench: ``python -m benchmarks.hangbench`` runs every case under every tool and writes the
 scorecard (``--only``, ``--tool``, ``--repeat`` for the impatient; docs/hangbench.md).
 
-Every selected tool watches the same run of a case: the run lasts until the case's limit has
-passed since its hang (or until a healthy job ends), so no tool's action hides another's signal.
+Each tool watches a run of its own: no tool's action (a kill, a ``SIGCONT``, a launcher in
+torchrun's place) reaches another's score. A run lasts until the case's limit has passed since
+its hang (or until a healthy job ends); one that contradicts its label scores for no tool.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def main() -> int:
 def bench(cases: list, tools: list, repeat: int, out: Path) -> list:
     started, scores = time.time(), []
     meta = {"when": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "repeat": repeat,
-            "tools": [t.name for t in tools], "machine": f"{os.cpu_count()} cores"}  # fmt: skip
+            "tools": [t.name for t in tools], "machine": f"{os.cpu_count()} cores",
+            "commit": _commit()}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="hangbench-") as tmp:
         for n, case in enumerate(cases, 1):
             for r in range(repeat):
@@ -90,26 +92,31 @@ def bench(cases: list, tools: list, repeat: int, out: Path) -> list:
 
 
 def run_case(case, tools: list, repeat: int, folder: Path, evidence: Path) -> list:
-    """One run watched by every tool that can run here; a score per tool. What a person
-    checks a score against (the launcher's timestamped output, torchfrtrace's analysis, the
-    reports) is kept under ``evidence``; the rest (a phase's 200 MB file) is not."""
-    absent = {t.name: why for t in tools if (why := available(t) or _needs(case))}
-    launch = runs.prepare(case, folder, UPLOAD.url())
+    """Each tool on a run of its own; a score per tool (``empty`` where it cannot run here,
+    ``doubt`` where the run contradicts the label)."""
+    scores = []
     for tool in tools:
-        if tool.name not in absent:
-            tool.prepare(case, launch)
-    if len(absent) == len(tools):
-        return [scorecard.Score(case.name, t.name, repeat, case.label.healthy, empty=absent[t.name])
-                for t in tools]  # fmt: skip
-    run = runs.run(case, launch, folder, case.limit + GRACE_S)
-    if doubt := runs.label_doubt(run):
-        print(f"  {case.name}: {doubt}", flush=True)
-    scores = [
-        scorecard.Score(case.name, t.name, repeat, case.label.healthy, empty=absent[t.name])
-        if t.name in absent else scorecard.score(case, run, t.name, repeat, t.signal(run), GRACE_S)
-        for t in tools
-    ]  # fmt: skip
-    keep = evidence / folder.name
+        if why := available(tool) or _needs(case):
+            scores.append(scorecard.Score(case.name, tool.name, repeat, case.label.healthy,
+                                          empty=why))  # fmt: skip
+            continue
+        own = folder / tool.name
+        launch = runs.prepare(case, own, UPLOAD.url())
+        tool.prepare(case, launch)
+        run = runs.run(case, launch, own, case.limit + GRACE_S)
+        if doubt := runs.label_doubt(run):
+            print(f"  {case.name} ({tool.name}): {doubt}", flush=True)
+            scores.append(scorecard.Score(case.name, tool.name, repeat, case.label.healthy,
+                                          doubt=doubt))  # fmt: skip
+        else:
+            scores.append(scorecard.score(case, run, tool.name, repeat, tool.signal(run), GRACE_S))
+        _keep(own, evidence / folder.name / tool.name)
+    return scores
+
+
+def _keep(folder: Path, keep: Path) -> None:
+    """What a person checks a score against (the launcher's timestamped output, torchfrtrace's
+    analysis, the reports) under ``keep``; the rest (a phase's 200 MB file) goes."""
     keep.mkdir(parents=True, exist_ok=True)
     for path in [
         *folder.glob("*.log"),
@@ -119,7 +126,19 @@ def run_case(case, tools: list, repeat: int, folder: Path, evidence: Path) -> li
     ]:
         shutil.copy(path, keep / path.name)
     shutil.rmtree(folder, ignore_errors=True)
-    return scores
+
+
+def _commit() -> str:
+    """The checkout's commit, ``+`` when it has changes of its own."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=runs.REPO, capture_output=True, text=True,
+                              check=False, timeout=30)  # fmt: skip
+        return done.stdout.strip()
+
+    return (git("rev-parse", "--short", "HEAD") or "?") + (
+        "+" if git("status", "--porcelain") else ""
+    )
 
 
 def _needs(case) -> str:

@@ -27,6 +27,7 @@ class Score:
     kind_ok: bool | None = None
     culprit_ok: bool | None = None  # None: the label names no rank, or nothing was found
     empty: str = ""  # why the cell is empty (the tool could not run here)
+    doubt: str = ""  # the run contradicted the label: it scores for no tool
     culprit_labelled: bool = False  # the label names culprit ranks (found or not)
 
     @property
@@ -68,7 +69,7 @@ def score(
 def totals(scores: list[Score], tool: str) -> dict[str, object]:
     """One tool's line: every count over every labelled run (found or not), never over only
     what the tool found; the seconds over what it found."""
-    mine = [s for s in scores if s.tool == tool and not s.empty]
+    mine = [s for s in scores if s.tool == tool and not s.empty and not s.doubt]
     hangs = [s for s in mine if not s.healthy]
     found = [s for s in hangs if s.detected]
     seconds = [s.seconds for s in found if s.seconds is not None]
@@ -87,6 +88,7 @@ def totals(scores: list[Score], tool: str) -> dict[str, object]:
         "healthy": len(mine) - len(hangs),
         "false_alarms": sum(s.false_alarm for s in mine),
         "empty": sum(s.tool == tool and bool(s.empty) for s in scores),
+        "doubts": sum(s.tool == tool and bool(s.doubt) for s in scores),
     }
 
 
@@ -103,8 +105,13 @@ def write(scores: list[Score], cases: list[Case], tools: list[str], out: Path, m
 
 def markdown(scores: list[Score], cases: list[Case], tools: list[str], summary: list[dict],
              meta: dict) -> str:  # fmt: skip
-    lines = [f"HangBench, {meta['when']}: {len(cases)} cases ({sum(c.label.healthy for c in cases)}"
-             f" healthy), {meta['repeat']} run(s) each, {meta['minutes']:.1f} min.", "",
+    doubts = sum(bool(s.doubt) for s in scores)
+    where = f"{meta.get('commit', '?')} ({meta.get('machine', '?')})"
+    healthy = sum(c.label.healthy for c in cases)
+    lines = [f"HangBench, {meta['when']}, on {where}: {len(cases)} cases ({healthy} healthy), "
+             f"{meta['repeat']} run(s) each, each tool on runs of its own, "
+             f"{meta['minutes']:.1f} min; {doubts} run(s) contradicted their label and score "
+             "for no tool.", "",
              "| tool | right kind and culprit | found | seconds min / median / max "
              "| right kind | right culprit | false alarms |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -143,6 +150,8 @@ def _cell(runs: list[Score]) -> str:
 
 
 def _one(s: Score) -> str:
+    if s.doubt:
+        return f"- ({s.doubt})"
     if s.healthy:
         return f"**false alarm** at {s.seconds:.1f} s" if s.signal else "quiet"
     if s.signal is None:

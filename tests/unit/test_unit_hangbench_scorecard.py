@@ -57,12 +57,16 @@ def test_the_totals_count_every_labelled_run_found_or_not() -> None:
         scored(HEALTHY, Signal(95.0, "straggler", (0,))),  # a false alarm
         scored(HEALTHY, None),
         Score("stuck", "t", 1, False, empty="needs a GPU"),  # not run: counted nowhere
+        Score("stuck", "t", 2, False, doubt="label doubt: step 4 was printed"),  # no score
     ]
     line = totals(scores, "t")
     assert (line["right"], line["detected"], line["hangs"]) == (2, 3, 4)
     assert (line["right_culprit"], line["culprit_cases"]) == (1, 3)
     assert (line["min_s"], line["median_s"], line["max_s"]) == (1.0, 4.0, 10.0)
-    assert (line["false_alarms"], line["healthy"], line["empty"]) == (1, 2, 1)
-    meta = {"when": "now", "repeat": 1, "minutes": 1.0}
+    assert (line["false_alarms"], line["healthy"], line["empty"], line["doubts"]) == (1, 2, 1, 1)
+    meta = {"when": "now", "repeat": 1, "minutes": 1.0, "commit": "abc1234", "machine": "2 cores"}
     table = markdown(scores, [STUCK, MISMATCH, HEALTHY], ["t"], [line], meta)
+    assert table.startswith("HangBench, now, on abc1234 (2 cores): 3 cases (1 healthy)")
+    assert "1 run(s) contradicted their label and score for no tool" in table
+    assert "- (label doubt: step 4 was printed)" in table
     assert "| t | **2 of 4** | 3 of 4 | 1.0 / 4.0 / 10.0 | 3 of 4 | 1 of 3 | 1 of 2 |" in table
