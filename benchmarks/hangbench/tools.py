@@ -118,7 +118,10 @@ class FlightRecorderTrace:
     needs = ""
 
     def prepare(self, case: Case, launch: Launch) -> None:
-        pass  # the harness dumps to HANGBENCH_FR_DIR on every run
+        """The dump comes with the collective's timeout (NCCL's ``TORCH_NCCL_DUMP_ON_TIMEOUT``):
+        on a run of its own, the same timeout as the ``torch-timeout`` row's (the harness dumps
+        to HANGBENCH_FR_DIR on every run)."""
+        launch.env["HANGBENCH_COLLECTIVE_TIMEOUT"] = f"{case.limit:g}"
 
     def signal(self, run: Run) -> Signal | None:
         folder, in_time = run.folder / "flight_recorder", run.folder / "flight_recorder_in_time"
