@@ -9,8 +9,8 @@ wait with nothing moving). It crosses nodes inside ``RankEvidence`` as its dict.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import Any, NamedTuple
+from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 from areal_watchdog.evidence.counters import Counters, children_work, real_data
 
@@ -57,12 +57,10 @@ class ProcessMovement:
     def at(self) -> float:
         return self.counters.at
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
     def from_dict(cls, data: object) -> ProcessMovement | None:
-        """The record ``data`` holds (as sent between nodes); None when it holds none."""
+        """The record ``data`` holds (its ``evidence.model.plain`` form, as sent between
+        nodes); None when it holds none."""
         if not isinstance(data, dict) or not isinstance(data.get("counters"), dict):
             return None
         known = {f.name for f in fields(Counters)}
