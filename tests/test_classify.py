@@ -65,6 +65,11 @@ def test_recorded_evidence_from_real_hangs(path: Path) -> None:
         ("cleanup_deadlock_w2_r0--areal-early-exit", "while rank 1 still waits in "),
         ("cleanup_deadlock_w3_r0", "while ranks 1-2 still wait in "),
         ("init_deadlock_w3_r1", "ranks 0, 2 wait in init_process_group for their peers"),
+        (
+            "unknown_w4_r--every-rank-in-its-own-code",  # every rank spins in the same function
+            "Ranks 0-3 are in the job's own code (at examples/hang_demo/train.py:152 in "
+            "busy_reward_model() <- Trainer.step()",
+        ),
     ],
 )
 def test_a_summary_agrees_with_one_rank_and_with_many(name: str, said: str) -> None:

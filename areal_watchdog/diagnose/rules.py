@@ -71,6 +71,24 @@ def decide(evidence: Evidence, acts: dict[int, Activity]) -> Verdict:
         verdict = rule(scene)
         if verdict is not None:
             return verdict
+    return _unknown(scene)
+
+
+def _unknown(scene: Scene) -> Verdict:
+    """No rule knows the scene. Where every rank runs the job's own code (none in a collective),
+    it says where: a long phase of the job's own and a loop that never ends look alike there,
+    and only the time without a step tells them apart."""
+    running = scene.kind("running")
+    if running and len(running) == len(scene.alive) == len(scene.evidence.ranks):
+        return Verdict(
+            "unknown",
+            0.2,
+            [],
+            f"{cap(ranks_phrase(running))} {is_are(running)} in the job's own code "
+            f"({_first_where(running, scene.acts)}), none in a collective: a long phase of its "
+            "own (an evaluation, a computation) or a loop that never ends; the stacks cannot "
+            "tell them apart, the time without a step decides.",
+        )
     return Verdict(
         "unknown",
         0.2,
