@@ -49,6 +49,20 @@ def processes_under(root: Path) -> list[psutil.Process]:
     return found
 
 
+def gone_within(root: Path, seconds: float) -> list[psutil.Process]:
+    """The processes under ``root`` still alive after up to ``seconds`` (none: all ended)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = []
+        for proc in processes_under(root):
+            with contextlib.suppress(psutil.Error):
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    left.append(proc)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.25)
+
+
 def await_late_finishes(run_dir: Path, timeout: float = 150.0) -> None:
     """Until the late finishes the run's sidecars left have ended (their pictures and sends)."""
     layout = RunLayout(run_dir)

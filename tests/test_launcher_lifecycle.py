@@ -12,11 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from conftest import FAST, timeline_of
-from testkit.launcher import Launcher, await_late_finishes, processes_under
+from testkit.launcher import Launcher, await_late_finishes, gone_within, processes_under
 from testkit.receiver import Receiver
 from testkit.reports import read_reports
 
@@ -37,16 +36,6 @@ def wait_for(proc: subprocess.Popen, text: str, timeout: float = 60) -> str:
         if text in line:
             return seen
     pytest.fail(f"{text!r} never appeared:\n{seen[-3000:]}")
-
-
-def gone_within(root: Path, seconds: float) -> list[psutil.Process]:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        left = [p for p in processes_under(root) if p.is_running() and p.status() != "zombie"]
-        if not left:
-            return []
-        time.sleep(0.25)
-    return left
 
 
 def test_kill_9_of_the_launcher_leaves_no_process_of_the_run(launcher: Launcher) -> None:

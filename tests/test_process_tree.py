@@ -13,7 +13,7 @@ import pytest
 
 from conftest import FAST
 from testkit.fuse_storage import FuseStorage, available
-from testkit.launcher import Launcher
+from testkit.launcher import Launcher, gone_within
 from testkit.reports import suspected_looks
 
 pytestmark = pytest.mark.slow
@@ -76,6 +76,10 @@ def test_storage_that_stops_answering_is_a_storage_stall(
         )
     finally:
         storage.close()
+    # the storage answers again: the SIGKILL pending on the blocked ranks ends them (under
+    # the suite's load, seconds later)
+    left = gone_within(tmp_path, 60)
+    assert left == [], [p.pid for p in left]
     assert result.returncode == 3, result.output[-3000:]
     (report,) = result.reports
     assert report["category"] == "storage_stall", report["summary"]
