@@ -63,16 +63,18 @@ def feed(folder: Path, http: bool, textfile: bool) -> MetricsFeed:
 
 
 def sidecar_state(leader: bool) -> SimpleNamespace:
-    """A sidecar's state as the feed reads it: 8 ranks, 8 GPUs (6 working), steps so far."""
+    """A sidecar's collaborators as the feed reads them: 8 ranks, 8 GPUs (6 working), steps so
+    far."""
     clock = StallClock(None, 1800.0)
     for step in range(1, 300):
         clock.step(step, 1000.0 + step * 0.5)
     gpus = SimpleNamespace(last=list(range(8)), state=lambda g: "working" if g < 6 else "idle")
     return SimpleNamespace(
-        clock=clock, job_id=None, status_written_at=time.time(),
+        clock=clock, job_id=None,
         coordinator=SimpleNamespace(is_leader=lambda: leader),
         incidents=SimpleNamespace(look_outcomes=Counter(dismissed=2),
-                                  posted_kinds=Counter(straggler=1), cancel_after=lambda: 600.0),
+                                  posted_kinds=Counter(straggler=1),
+                                  escalation=SimpleNamespace(cancel_after=lambda: 600.0)),
         notifier=SimpleNamespace(deliveries=Counter({("hook", "delivered"): 1}), spool_depth=0),
         watch=SimpleNamespace(live=dict.fromkeys(range(8)), gone=set(), gpus=gpus,
                               pulse=SimpleNamespace(summary=lambda: {"of": 1, "generating": 1})),
@@ -90,7 +92,7 @@ def poll_cost(folder: Path, polls: int) -> tuple[list[float], list[float]]:
     for i in range(polls):
         state.clock.step(400 + i, 2000.0 + i)
         started = time.perf_counter()
-        metrics.update(state, 0.001, running=True)
+        metrics.update(state, time.time(), 0.001, running=True)
         took.append((time.perf_counter() - started) * 1000)
         time.sleep(POLL_GAP)
     url = f"http://127.0.0.1:{metrics.endpoint.port}/metrics"
@@ -106,7 +108,7 @@ def poll_cost(folder: Path, polls: int) -> tuple[list[float], list[float]]:
 def textfile_cost(folder: Path, writes: int) -> list[float]:
     """What the textfile's thread does after each poll: render, then replace the file."""
     metrics = feed(folder, http=False, textfile=True)
-    metrics.update(sidecar_state(leader=True), 0.001, running=True)
+    metrics.update(sidecar_state(leader=True), time.time(), 0.001, running=True)
     took = []
     for _ in range(writes):
         started = time.perf_counter()
@@ -122,7 +124,7 @@ def series(folder: Path) -> tuple[int, int]:
     counts = []
     for leader in (False, True):
         metrics = feed(folder, http=False, textfile=True)
-        metrics.update(sidecar_state(leader), 0.001, running=True)
+        metrics.update(sidecar_state(leader), time.time(), 0.001, running=True)
         text = render(metrics.registry).decode()
         counts.append(sum(len(f.samples) for f in text_string_to_metric_families(text)))
         metrics.close()

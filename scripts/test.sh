@@ -5,6 +5,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh --areal --vllm
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/mypy  # the files and settings are in pyproject.toml
 # Everything but Slurm on three workers side by side (pytest-xdist): a real AReaL run waits far
 # more than it computes (about half a core, measured), so they overlap with each other and with
 # the rest. The Slurm tests after them: an AReaL job on Slurm slowed by two neighbours of the

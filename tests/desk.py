@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,32 +25,28 @@ def recorded(name: str) -> Evidence:
     return Evidence.from_dict(json.loads((DATA / name).read_text()))
 
 
-@dataclass
-class Info:
-    watchdog: WatchdogSection
-
-
-@dataclass
-class Desk(Escalation):
+class Desk:
     """The sidecar's incident desk, less its processes and files: each look returns the next
-    recorded evidence, each report is kept."""
+    recorded evidence, each report is kept; the escalation is the real one."""
 
-    evidence: list[Evidence]
-    clock: StallClock = field(default_factory=lambda: StallClock(THRESHOLD, 60.0, started_at=0))
-    info: Info = field(default_factory=lambda: Info(WatchdogSection(on_hang="cancel")))
-    now: float = 0.0
-    look_takes: float = 0.0
-    case: StallCase | None = None
-    cancelling: bool = False
-    warned: set[tuple] = field(default_factory=set)
-    reports: list[dict[str, Any]] = field(default_factory=list)
-    lines: list[str] = field(default_factory=list)
+    def __init__(self, evidence: list[Evidence]) -> None:
+        self.evidence = evidence
+        self.clock = StallClock(THRESHOLD, 60.0, started_at=0)
+        self.now, self.look_takes = 0.0, 0.0
+        self.cancelling = False
+        self.reports: list[dict[str, Any]] = []
+        self.lines: list[str] = []
+        self.escalation = Escalation(
+            WatchdogSection(on_hang="cancel"), self.clock, self.lines.append, self
+        )
 
-    def say(self, message: str) -> None:
-        self.lines.append(message)
+    @property
+    def case(self) -> StallCase | None:
+        return self.escalation.case
 
-    def confirm_delay(self) -> float:
-        return 10.0
+    def configure(self, **watchdog: Any) -> None:
+        """Other settings, as a run configured with ``watchdog`` would have."""
+        self.escalation.watchdog = WatchdogSection(on_hang="cancel", **watchdog)
 
     def look(self, trigger: Trigger, lost: tuple[str, ...], statuses: dict) -> Look:
         """The next recorded look; it begins now and takes ``look_takes`` seconds (a loaded
@@ -72,8 +67,8 @@ class Desk(Escalation):
     def stall(self, at: float) -> None:
         """The threshold is crossed at ``at``: the first look (``Incidents.open``)."""
         self.now = at
-        self.case = StallCase(Trigger.STALL, self.clock.last_step, (), "cancel")
-        self.judge(self.look(Trigger.STALL, (), {}))
+        case = StallCase(Trigger.STALL, self.clock.last_step, (), "cancel")
+        self.escalation.begin(case, self.look(Trigger.STALL, (), {}))
 
     def run_until(self, end: float, step_at: float | None = None) -> None:
         """The leader's polls, a second apart; a new step at ``step_at``."""
@@ -81,7 +76,7 @@ class Desk(Escalation):
             self.now += 1.0
             if step_at is not None and self.now >= step_at and self.clock.last_step == 3:
                 self.clock.step(4, self.now)
-            self.follow({}, self.now)
+            self.escalation.follow({}, self.now)
 
 
 def desk(*evidence: Evidence) -> Desk:

@@ -10,14 +10,13 @@ import copy
 import json
 from pathlib import Path
 
-from desk import THRESHOLD, Info, desk, moving, recorded
+from desk import THRESHOLD, desk, moving, recorded
 
-from areal_watchdog.config.model import WatchdogSection
 from areal_watchdog.diagnose.movement import marks, moved
 from areal_watchdog.evidence.trigger import Trigger
 from areal_watchdog.report.run_status import status_lines
 from areal_watchdog.report.write import prune_oldest
-from areal_watchdog.watch.escalation import Escalation, summary_prefix
+from areal_watchdog.watch.escalation import summary_prefix
 from areal_watchdog.watch.stall_case import StallCase
 
 
@@ -39,10 +38,10 @@ def test_a_look_the_server_call_sensor_opened_is_looked_at_again_in_2_s() -> Non
     d = desk(recorded("evidence/collective_mismatch_w4_r2.json"))
     usual = min(10.0, THRESHOLD / 2)
     for trigger, delay in ((Trigger.STALL, usual), (Trigger.SERVER_CALL, 2.0)):
-        d.case = StallCase(trigger, 3, (), d.info.watchdog.on_hang)
-        assert Escalation.confirm_delay(d) == delay
-    d.info = Info(WatchdogSection(on_hang="cancel", confirm_after=6))
-    assert Escalation.confirm_delay(d) == 6
+        d.escalation.case = StallCase(trigger, 3, (), "cancel")
+        assert d.escalation.confirm_delay() == delay
+    d.configure(confirm_after=6)
+    assert d.escalation.confirm_delay() == 6
 
 
 def test_a_dismissed_look_is_looked_at_again_and_a_later_look_confirms() -> None:
@@ -110,7 +109,7 @@ def test_the_hard_limit_grows_with_the_job_s_own_step_intervals() -> None:
 
 def test_the_hard_limit_is_configurable() -> None:
     d = desk(recorded("rollout/workflow_stuck--areal-single-controller.json"))
-    d.info = Info(WatchdogSection(on_hang="cancel", cancel_after=40.0))
+    d.configure(cancel_after=40.0)
     d.stall(THRESHOLD)
     d.run_until(100)
     assert d.reports[-1]["at"] == 40.0 and d.reports[-1]["action"] == "cancel"

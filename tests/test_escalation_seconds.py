@@ -8,9 +8,8 @@ import copy
 import json
 from pathlib import Path
 
-from desk import THRESHOLD, Info, desk, recorded
+from desk import THRESHOLD, desk, recorded
 
-from areal_watchdog.config.model import WatchdogSection
 from areal_watchdog.diagnose.movement import marks, moved
 from areal_watchdog.evidence.flight_recorder import parse_trace
 from areal_watchdog.evidence.gpu import GpuSample, IdleTracker
@@ -61,7 +60,7 @@ def test_a_hard_limit_due_with_the_second_look_is_named_for_it() -> None:
         recorded("rollout/inference_paused.json"),
         recorded("rollout/workflow_stuck--areal-single-controller.json"),
     )
-    d.info = Info(WatchdogSection(on_hang="cancel", cancel_after=40.0))
+    d.configure(cancel_after=40.0)
     d.look_takes = 15.0
     d.stall(THRESHOLD)
     d.run_until(100)
@@ -79,7 +78,7 @@ def test_a_second_look_that_finds_a_wait_only_time_decides_does_not_end_the_job(
         recorded("rollout/inference_paused.json"),
         recorded("rollout/workflow_stuck--areal-single-controller.json"),
     )
-    d.info = Info(WatchdogSection(on_hang="cancel", cancel_after=60.0))
+    d.configure(cancel_after=60.0)
     d.stall(THRESHOLD)
     d.look_takes = 25.0  # the second look, due at 40 s, ends at 65 s
     d.run_until(THRESHOLD + 10)

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from areal_watchdog.common.parent import die_with_parent
 from areal_watchdog.notify.notifier import Picture
@@ -45,7 +46,7 @@ class Drawings:
         """Hand on the drawings that ended; log one that failed (its report.md says why)."""
         for proc in [p for p in self.running if p.poll() is not None]:
             self.running.remove(proc)
-            folder = Path(proc.args[-1])
+            folder = incident_dir(proc)
             if proc.returncode:
                 self.log(f"the timeline's drawing {folder} exited {proc.returncode}")
             elif (folder / "timeline.png").exists():
@@ -62,7 +63,12 @@ class Drawings:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-                unfinished.append(Path(proc.args[-1]))
-        self.running = [p for p in self.running if Path(p.args[-1]) not in unfinished]
+                unfinished.append(incident_dir(proc))
+        self.running = [p for p in self.running if incident_dir(p) not in unfinished]
         self.reap()
         return unfinished
+
+
+def incident_dir(drawing: subprocess.Popen) -> Path:
+    """The incident folder a drawing process draws (its last argument)."""
+    return Path(cast(list[str], drawing.args)[-1])

@@ -31,16 +31,18 @@ verdict escalates is declared with its kind (``diagnose.kinds``):
   What a process writes to its own logs is no data (``evidence.log_writes``): a retry loop
   that logs every failure is ended at the limit.
 
-``Escalation`` is a part of ``Incidents`` (``incident``), kept apart by concept; the decisions
-on plain values are the functions below it.
+``Escalation`` is a part of the incident desk (``incident``), handed the clock, the settings and
+the desk it asks for looks and reports (``Desk``); the decisions on plain values are the
+functions below it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from areal_watchdog.common.rankset import culprits_phrase, ranks_phrase
-from areal_watchdog.config.model import HangAction
+from areal_watchdog.config.model import HangAction, WatchdogSection
 from areal_watchdog.diagnose.movement import (
     RETRY_LOOPS,
     STACKS_MOVED,
@@ -53,7 +55,8 @@ from areal_watchdog.diagnose.movement import (
 from areal_watchdog.diagnose.strength import DAMAGE, strength, verdict_key
 from areal_watchdog.evidence.trigger import Trigger
 from areal_watchdog.watch.busy_warnings import BusyWarnings
-from areal_watchdog.watch.stall_case import Look, StallCase
+from areal_watchdog.watch.progress import StallClock
+from areal_watchdog.watch.stall_case import Desk, Look, StallCase, confirmation
 
 MIN_CONFIRM_S = 2.0  # the shortest wait between the two looks of a silence
 CANCEL_AFTER_FACTOR = 5.0  # the default hard limit, in stall thresholds or step intervals
@@ -67,14 +70,23 @@ LEARNED_CANCEL_AFTER_MIN = 600.0
 DEFER_CAP_FACTOR = 3.0
 
 
-class Escalation(BusyWarnings):
-    """``Incidents``' methods that follow a silence; ``Incidents`` holds the state they use."""
+class Escalation:
+    """The incident desk's part that follows a silence (``case``) from its first look to its
+    end: a new step, a confirmation, or the hard limit."""
+
+    def __init__(
+        self, watchdog: WatchdogSection, clock: StallClock, say: Callable[[str], None], desk: Desk
+    ) -> None:
+        self.watchdog, self.clock, self.say, self.desk = watchdog, clock, say, desk
+        self.case: StallCase | None = None  # a silence, followed until a step
+        self.warned: set[tuple] = set()  # damage already posted as a warning
+        self.warnings = BusyWarnings(clock, say, desk, self.cancel_after)
 
     def cancel_after(self) -> float:
         """The hard limit in force: ``watchdog.cancel_after``, else a multiple of the threshold
         or of the longest step interval seen, whichever is longer (``LEARNED_CANCEL_AFTER_MIN``
         at the least under a learned threshold)."""
-        configured = self.info.watchdog.cancel_after
+        configured = self.watchdog.cancel_after
         if configured is not None:
             return configured
         limit = CANCEL_AFTER_FACTOR * max(self.clock.threshold, self.clock.max_interval)
@@ -100,27 +112,31 @@ class Escalation(BusyWarnings):
         stall threshold (while it is still the warm-up's floor, half of what the steps so far
         would give), between 2 and 10 s; 2 s after the rollout side's sensor, which watched
         the held call for 5 s and five times its usual before the first look."""
-        configured = self.info.watchdog.confirm_after
+        configured = self.watchdog.confirm_after
         if configured is not None:
             return configured
         if self.case is not None and self.case.trigger is Trigger.SERVER_CALL:
             return MIN_CONFIRM_S
         return round(min(10.0, max(MIN_CONFIRM_S, self.clock.stepping_basis / 2)), 1)
 
-    def judge(self, look: Look) -> None:
+    def begin(self, case: StallCase, look: Look) -> None:
+        """A new silence, and the first look at it."""
+        self.case = case
+        self.judge(case, look)
+
+    def judge(self, case: StallCase, look: Look) -> None:
         """A first look at the silence: act, wait for a second look, or wait for time (each
         counted from when the look began); damage is posted as a warning first."""
-        case = self.case
         case.looks += 1
         case.last = look
         kind, verdict = strength(look.verdict), look.verdict
         culprits = culprits_phrase(verdict.culprit_ranks, verdict.culprit_workers)
-        self.warn(look)
+        self.warn(case, look)
         delay = self.confirm_delay()
         if kind == "conclusive" or delay <= 0:
-            self.conclude(look, "evidence" if kind == "conclusive" else "first_look", 0.0, [])
+            self.conclude(case, look, "evidence" if kind == "conclusive" else "first_look", 0.0, [])
         elif kind == "time":
-            self.suspect(look, [], look.at, f"{verdict.category} suspected ({culprits})")
+            self.suspect(case, look, [], look.at, f"{verdict.category} suspected ({culprits})")
         else:
             case.pending, case.due = look, look.at + delay
             self.say(
@@ -128,7 +144,7 @@ class Escalation(BusyWarnings):
                 "before it is reported"
             )
 
-    def warn(self, look: Look) -> None:
+    def warn(self, case: StallCase, look: Look) -> None:
         """Damage (the job goes on, silently wrong) is posted once per run and finding as a
         warning: ``action: report``, never ended for it."""
         verdict = look.verdict
@@ -136,36 +152,35 @@ class Escalation(BusyWarnings):
             return
         self.warned.add(verdict_key(verdict))
         self.say(f"{verdict.cause}: the job goes on silently wrong; posting a warning")
-        confirmation = self.confirmation(self.case, 0.0, [], confirmed=False, by=None)
+        confirmation = self.confirmation(case, 0.0, [], confirmed=False, by=None)
         confirmation.update(posted=True, warning=True)
-        self.report(self.case.trigger, look, HangAction.REPORT, confirmation)
-        self.case.written = verdict_key(verdict)  # the warning is this finding's record
+        self.desk.report(case.trigger, look, HangAction.REPORT, confirmation)
+        case.written = verdict_key(verdict)  # the warning is this finding's record
 
     def follow(self, statuses: dict, now: float) -> None:
         """Each poll of the leader: the hard limit first, then the second look once due, then
         another look once a threshold passed; a new step ends the case (after its pending
         second look)."""
         case = self.case
-        if case is None or self.cancelling:
+        if case is None or self.desk.cancelling:
             return
         stepped = self.clock.last_step != case.step
         if stepped and case.pending is None:  # the step ended the silence
             self.case = None
-        elif not stepped and self.past_limit(now) and not self.still_writing(now):
+        elif not stepped and self.past_limit(now) and not self.still_writing(case, now):
             case.pending = None  # due together: the hard limit decides, and says so
-            self.hard_limit(statuses, now)
+            self.hard_limit(case, statuses, now)
         elif case.pending is not None:
             if now >= case.due:
-                self.second_look(statuses, now)
+                self.second_look(case, case.pending, statuses, now)
         elif case.next_look is not None and now >= case.next_look:
             case.next_look = None
             self.say(f"still no new step: look {case.looks + 1} at the silence")
-            self.judge(self.look(case.trigger, case.lost, statuses))
+            self.judge(case, self.desk.look(case.trigger, case.lost, statuses))
 
-    def still_writing(self, now: float) -> bool:
+    def still_writing(self, case: StallCase, now: float) -> bool:
         """Past the hard limit, the last look saw real data moving: wait for the next look
         (until ``DEFER_CAP_FACTOR`` hard limits)."""
-        case = self.case
         waiting = case.writing and case.next_look is not None and now < case.next_look
         return waiting and not self.past_cap(now)
 
@@ -177,56 +192,53 @@ class Escalation(BusyWarnings):
         """No new step for the hard limit at ``at``."""
         return self.clock.silent_for(at) >= self.cancel_after()
 
-    def second_look(self, statuses: dict, now: float) -> None:
+    def second_look(self, case: StallCase, first: Look, statuses: dict, now: float) -> None:
         """Cancel when nothing moved since the first look; else dismiss it (written, not
         posted) and look again later. A look whose cause only time decides never ends the job:
         the hard limit does, and a second look that began past it is named for it."""
-        case = self.case
-        first, case.pending = case.pending, None
-        second = self.look(case.trigger, case.lost, statuses)
+        case.pending = None
+        second = self.desk.look(case.trigger, case.lost, statuses)
         case.last = second
         causes = {first.verdict.cause, second.verdict.cause}
         retrying = len(causes) == 1 and causes <= RETRY_LOOPS
         what = moved(marks(first.evidence, first.step), marks(second.evidence, second.step),
                      steps_only=retrying, damage=bool(causes & DAMAGE))  # fmt: skip
-        what = what or self.moved_before(second)
+        what = what or self.moved_before(case, second)
         after = second.at - first.at
-        self.warn(second)
+        self.warn(case, second)
         if what:
             case.moving |= stacks_moved(marks(first.evidence, first.step),
                                         marks(second.evidence, second.step))  # fmt: skip
             self.say(f"second look: {'; '.join(what)}: not cancelling")
-            self.suspect(first, what, now, "", after)
+            self.suspect(case, first, what, now, "", after)
             if only_stacks_moved(what) and second.verdict.category == "straggler":
-                self.warn_livelock(first, second, what, now)
+                self.warnings.livelock(case, first, second, what, now)
             elif retrying and second.step == first.step:
-                self.warn_retry_loop(second, what, now)
+                self.warnings.retry_loop(case, second, what, now)
         elif self.past_limit(second.at) and second.step == case.step:
-            self.conclude(second, "hard_limit", after, [])
+            self.conclude(case, second, "hard_limit", after, [])
         elif strength(second.verdict) == "time":
             culprits = culprits_phrase(second.verdict.culprit_ranks, second.verdict.culprit_workers)
-            self.suspect(second, [], now, f"{second.verdict.category} suspected ({culprits})")
+            self.suspect(case, second, [], now, f"{second.verdict.category} suspected ({culprits})")
         else:
-            self.conclude(second, "second_look", after, [])
+            self.conclude(case, second, "second_look", after, [])
 
-    def moved_before(self, look: Look) -> list[str]:
+    def moved_before(self, case: StallCase, look: Look) -> list[str]:
         """The culprits whose stacks moved at an earlier second look of this silence: a rank
         going through several functions (an evaluation, a livelock) is sometimes sampled in
         one at both looks, and that luck must not end a job it never ended before (time does:
         the livelock warning, the hard limit). A rank spinning on one line never moved."""
-        case = self.case
         pids = {r.pid for r in look.evidence.ranks if r.rank in look.verdict.culprit_ranks}
         again = sorted(p for p in pids & case.moving if p is not None)
         if not again:
             return []
         return [f"{STACKS_MOVED} {', '.join(map(str, again[:5]))} changed at an earlier look"]
 
-    def hard_limit(self, statuses: dict, now: float) -> None:
+    def hard_limit(self, case: StallCase, statuses: dict, now: float) -> None:
         """No new step for ``cancel_after``: act, saying what moved since the last look; unless
         a process moved real data since then (``busy_io``): a job writing at a real rate is
         looked at again a threshold later, never ended for it."""
-        case = self.case
-        look = self.look(case.trigger, case.lost, statuses)
+        look = self.desk.look(case.trigger, case.lost, statuses)
         before = case.last or look
         first, second = marks(before.evidence, before.step), marks(look.evidence, look.step)
         what, writing = moved(first, second), busy_io(first, second)
@@ -238,20 +250,25 @@ class Escalation(BusyWarnings):
                 f"no new step for {silent:.0f} s, past the hard limit (watchdog.cancel_after "
                 f"{limit:g} s), but {writing[0]}: looking again in {self.clock.threshold:g} s"
             )
-            self.suspect(look, what, now, "")
+            self.suspect(case, look, what, now, "")
             return
         self.say(
             f"no new step for {silent:.0f} s: the hard limit "
             f"(watchdog.cancel_after {limit:g} s) runs on_hang={case.action}"
         )
-        self.conclude(look, "hard_limit", look.at - before.at, what)
+        self.conclude(case, look, "hard_limit", look.at - before.at, what)
 
     def suspect(
-        self, look: Look, what: list[str], now: float, line: str, after: float = 0.0
+        self,
+        case: StallCase,
+        look: Look,
+        what: list[str],
+        now: float,
+        line: str,
+        after: float = 0.0,
     ) -> None:
         """A look that does not end the job: written once per finding, never posted; the next
         look a threshold after ``now``."""
-        case = self.case
         case.next_look = now + self.clock.threshold
         limit = self.cancel_after()
         if line:
@@ -265,27 +282,19 @@ class Escalation(BusyWarnings):
             return
         case.written = key
         confirmation = self.confirmation(case, after, what, confirmed=False, by=None)
-        self.report(case.trigger, look, HangAction.REPORT, confirmation, post=False)
+        self.desk.report(case.trigger, look, HangAction.REPORT, confirmation, post=False)
 
-    def conclude(self, look: Look, by: str, after: float, what: list[str]) -> None:
+    def conclude(self, case: StallCase, look: Look, by: str, after: float, what: list[str]) -> None:
         """The silence is a hang: report (posted) and run ``on_hang``."""
-        case, self.case = self.case, None
+        self.case = None
         confirmation = self.confirmation(case, after, what, confirmed=True, by=by)
-        self.report(case.trigger, look, case.action, confirmation)
+        self.desk.report(case.trigger, look, case.action, confirmation)
 
     def confirmation(
         self, case: StallCase, after: float, what: list[str], confirmed: bool, by: str | None
     ) -> dict[str, Any]:
         """``report.json``'s ``confirmation``: how this look was decided."""
-        return {
-            "after_s": round(max(after, 0.0), 3),
-            "moved": what,
-            "confirmed": confirmed,
-            "by": by,
-            "look": case.looks,
-            "cancel_after_s": round(self.cancel_after(), 3),
-            "posted": confirmed,
-        }
+        return confirmation(case, after, what, confirmed, by, self.cancel_after())
 
 
 def summary_prefix(confirmation: dict[str, Any]) -> str:

@@ -117,7 +117,7 @@ def _with_owners(servers: list[dict[str, Any]], workers: list[RankEvidence]) -> 
     for probe in servers:
         probes.setdefault(str(probe.get("address")), probe)
     return [
-        {**s, "node": w.node, "pid": w.pid} if (w := by_address.get(s.get("address"))) else s
+        {**s, "node": w.node, "pid": w.pid} if (w := by_address.get(str(s.get("address")))) else s
         for s in probes.values()
     ]
 
@@ -135,8 +135,8 @@ class _Unwritten:
 
 
 @dataclass
-class Incidents(Escalation):
-    """The leader's incident desk for one run (how a silence escalates: ``escalation``)."""
+class Incidents:
+    """The leader's incident desk for one run (how a silence escalates: its ``escalation``)."""
 
     info: LaunchInfo
     node: str
@@ -151,13 +151,19 @@ class Incidents(Escalation):
     written: list[Path] = field(default_factory=list)  # incidents
     suspected: list[Path] = field(default_factory=list)  # looks not confirmed: not posted
     pending: list[_Unwritten] = field(default_factory=list)  # incidents the disk refused
-    case: StallCase | None = None  # a silence, followed until a step
-    warned: set[tuple] = field(default_factory=set)  # damage already posted as a warning
     cancelling: bool = False
     history: History = field(default_factory=History)  # the timeline's steps and GPU samples
     drawings: Drawings | None = None  # the timelines being drawn
     look_outcomes: Counter[str] = field(default_factory=Counter)  # the metrics read them
     posted_kinds: Counter[str] = field(default_factory=Counter)  # posted incidents by category
+
+    def __post_init__(self) -> None:
+        self.escalation = Escalation(self.info.watchdog, self.clock, self.say, self)
+
+    @property
+    def case(self) -> StallCase | None:
+        """The silence under follow, if any."""
+        return self.escalation.case
 
     def open(self, trigger: Trigger, statuses: dict, lost: tuple[str, ...] = ()) -> None:
         """Gather, classify, write, notify and act on one event (once across all leaders). A
@@ -165,7 +171,7 @@ class Incidents(Escalation):
         ``on_hang`` run) only once proven, confirmed or past the hard limit."""
         if self.case is not None and trigger is not Trigger.JOB_FAILED:
             return  # the silence under follow is this one
-        self.case = None  # a job that ended failing: its failure is the story now
+        self.escalation.case = None  # a job that ended failing: its failure is the story now
         silence = trigger in SILENCES  # one report per silence
         key = f"stall-step{self.clock.last_step}" if silence else trigger.value
         if not self.coordinator.claim(key):
@@ -178,8 +184,7 @@ class Incidents(Escalation):
         if not silence:
             self.report(trigger, look, action)
             return
-        self.case = StallCase(trigger, look.step, lost, action)
-        self.judge(look)
+        self.escalation.begin(StallCase(trigger, look.step, lost, action), look)
 
     def look(self, trigger: Trigger, lost: tuple[str, ...], statuses: dict) -> Look:
         """Evidence from every node, and the verdict on it."""
@@ -286,7 +291,7 @@ class Incidents(Escalation):
         ranks += self.missing_ranks(ranks, statuses, lost)
         evidence = Evidence(
             world_size=self.info.world_size,
-            ranks=sorted(ranks, key=lambda r: r.rank),
+            ranks=sorted(ranks, key=lambda r: -1 if r.rank is None else r.rank),
             first_step_seen=self.clock.stepped,
             unanswered_nodes=sorted(silent | set(lost)),
             lost_nodes=sorted(lost),

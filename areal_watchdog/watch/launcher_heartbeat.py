@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
 
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.records import read_run_record
+from areal_watchdog.watch.sidecar_shared import JobView
 
 LAUNCHER_SILENCE_S = 15.0  # a heartbeat older than this: the launcher is gone
 
 
-def watch_heartbeat(info: LaunchInfo, sidecar: Any, orphan: threading.Event) -> None:
+def watch_heartbeat(
+    info: LaunchInfo, view: JobView, say: Callable[[str], None], orphan: threading.Event
+) -> None:
     """A thread that stops the sidecar, as orphaned, once the launcher's heartbeat is older
     than LAUNCHER_SILENCE_S (or it said it ended while the job still ran)."""
 
@@ -25,11 +28,11 @@ def watch_heartbeat(info: LaunchInfo, sidecar: Any, orphan: threading.Event) -> 
         return bool(record.get("ended")) or time.time() - float(record["time"]) > LAUNCHER_SILENCE_S
 
     def watch() -> None:
-        while not sidecar.done:
-            if gone() and not sidecar.done:
-                sidecar.say("areal-launch stopped answering (its heartbeat is old)")
+        while not view.done:
+            if gone() and not view.done:
+                say("areal-launch stopped answering (its heartbeat is old)")
                 orphan.set()
-                sidecar.stopping = True
+                view.stopping = True
                 return
             time.sleep(1.0)
 

@@ -17,6 +17,8 @@ from areal_watchdog.metrics.snapshot import JobMetrics, MetricsSnapshot, NodeMet
 from areal_watchdog.metrics.textfile import TextfileWriter, textfile_path
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.metrics_endpoint import MetricsEndpoint, remove_endpoint, write_endpoint
+from areal_watchdog.watch.node import NodeWatch
+from areal_watchdog.watch.sidecar_shared import Collaborators
 
 KINDS = tuple(k.name for k in CATEGORIES)  # every kind at 0 from the start: increase() sees 0 -> 1
 
@@ -50,34 +52,37 @@ class MetricsFeed:
         return {"experiment": info.experiment_name, "trial": info.trial_name,
                 "backend": info.backend, "job_id": job, "node": self.node}  # fmt: skip
 
-    def update(self, sidecar: Any, poll_seconds: float, running: bool) -> None:
-        """After a poll: refresh the snapshot from the sidecar; the textfile's thread writes it."""
+    def update(
+        self, kit: Collaborators, status_written_at: float | None, poll_seconds: float,
+        running: bool,
+    ) -> None:  # fmt: skip
+        """After a poll: refresh the snapshot from the sidecar's collaborators; the textfile's
+        thread writes it."""
         node = self.node_metrics
         node.poll_seconds.observe(poll_seconds)
         cpu = self.process.cpu_times()
         node.cpu_s = cpu.user + cpu.system
-        node.status_written_at = sidecar.status_written_at
-        _node_view(node, sidecar)
-        leading = sidecar.coordinator.is_leader()
+        node.status_written_at = status_written_at
+        _node_view(node, kit.watch)
+        leading = kit.coordinator.is_leader()
         node.leader = leading
         if leading:
-            self._job_view(sidecar)
-        snapshot = MetricsSnapshot(self.labels(sidecar.job_id), node,
+            self._job_view(kit)
+        snapshot = MetricsSnapshot(self.labels(kit.job_id), node,
                                    self.job if leading else None, running)  # fmt: skip
         self.collector.update(snapshot)
         if self.textfile is not None:
             self.textfile.changed()
 
-    def _job_view(self, sidecar: Any) -> None:
-        clock, incidents, notifier, job = (sidecar.clock, sidecar.incidents, sidecar.notifier,
-                                           self.job)  # fmt: skip
+    def _job_view(self, kit: Collaborators) -> None:
+        clock, incidents, notifier, job = kit.clock, kit.incidents, kit.notifier, self.job
         fresh = clock.intervals_seen - self.intervals_seen
         for interval in list(clock.intervals)[-fresh:] if fresh > 0 else ():
             job.step_intervals.observe(interval)
         self.intervals_seen = clock.intervals_seen
         job.last_step, job.last_step_at = clock.last_step, clock.last_step_at
         job.last_progress_at = clock.last_progress_at
-        job.threshold_s, job.hard_limit_s = clock.threshold, incidents.cancel_after()
+        job.threshold_s, job.hard_limit_s = clock.threshold, incidents.escalation.cancel_after()
         job.looks.update(incidents.look_outcomes)
         job.incidents = {**dict.fromkeys(KINDS, 0), **incidents.posted_kinds}
         job.deliveries = dict(notifier.deliveries)
@@ -92,8 +97,7 @@ class MetricsFeed:
             self.textfile.close()
 
 
-def _node_view(node: NodeMetrics, sidecar: Any) -> None:
-    watch = sidecar.watch
+def _node_view(node: NodeMetrics, watch: NodeWatch) -> None:
     node.ranks_alive, node.ranks_gone = len(watch.live), len(watch.gone)
     node.gpus = len(watch.gpus.last)
     node.gpus_working = sum(watch.gpus.state(g) == "working" for g in watch.gpus.last)

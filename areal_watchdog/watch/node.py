@@ -61,8 +61,10 @@ class _Watched:
         counters = read_counters(handle, now)
         if counters is None:
             return None
-        meters = {"tree": TreeMeter(proc.pid), "logs": LogMeter(proc.pid)}
-        return cls(proc, handle, counters, counters=counters, **meters)
+        return cls(
+            proc, handle, counters, counters=counters, tree=TreeMeter(proc.pid),
+            logs=LogMeter(proc.pid),
+        )  # fmt: skip
 
     def sample(self, now: float) -> bool:
         """Read the counters (CPU time, I/O, context switches), its descendants' too; False
@@ -191,7 +193,9 @@ class NodeWatch:
         by_index = {g["index"]: g for g in by_pid.values()} or self.gpus.per_index()
         movements = self.movements()
         for item in items:
-            item.gpu = by_pid.get(item.pid) or by_index.get(item.local_rank)
+            mine = by_pid.get(item.pid) if item.pid is not None else None
+            local = by_index.get(item.local_rank) if item.local_rank is not None else None
+            item.gpu = mine or local
             item.movement = movements.get(item.pid)
         self.describe_trees(items, settings.timeout)
         return items

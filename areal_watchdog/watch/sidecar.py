@@ -13,18 +13,16 @@ errors are logged and survived: a dead watchdog leaves the job unwatched.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
 import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO
 
-from areal_watchdog.common.atomic import open_append
 from areal_watchdog.common.redact import Redactor
 from areal_watchdog.config.sinks import SinkSpec
 from areal_watchdog.evidence.discovery import Scope
@@ -43,159 +41,130 @@ from areal_watchdog.watch.launcher_heartbeat import watch_heartbeat
 from areal_watchdog.watch.leader import Leader
 from areal_watchdog.watch.metrics_feed import start_feed
 from areal_watchdog.watch.node import NodeWatch
-from areal_watchdog.watch.progress import HeartbeatState, StallClock, default_log_patterns
+from areal_watchdog.watch.progress import StallClock, default_log_patterns
 from areal_watchdog.watch.progress_watch import ProgressWatch
 from areal_watchdog.watch.scheduler import placement
 from areal_watchdog.watch.server_calls import ServerCallSensor
+from areal_watchdog.watch.sidecar_shared import Collaborators, JobView
 from areal_watchdog.watch.standby import wait_for_node_lock
 from areal_watchdog.watch.status_keeper import StatusKeeper
 from areal_watchdog.watch.status_publisher import StatusPublisher
 from areal_watchdog.watch.step_log import StepLogTail
-from areal_watchdog.watch.triggers import Reported
+from areal_watchdog.watch.voice import Voice
 
 FOLLOWER_LINGER = 60.0  # seconds a finished follower keeps answering a leader that has not finished
 REQUEST_LOOK, REQUEST_WINDOW = 0.3, 1.0  # seconds: a follower's looks for the request, how long
 
 
-@dataclass
-class Sidecar(JobEnd, Leader, ProgressWatch, StatusPublisher):
-    """The watchdog loop for one node (how the job ends: ``job_end``; what the leader does each
-    poll: ``leader``)."""
+class Sidecar:
+    """The watchdog loop for one node: it builds the collaborators and the parts (progress,
+    status, the job's end, the leader), and polls until the job ends."""
 
-    info: LaunchInfo
-    node: str
-    nodes: list[str]
-    job_id: str | None = None
-    out: Any = sys.stdout
-    reported: Reported = field(default_factory=Reported)
-    stopping: bool = False
-    done: bool = False
-
-    def __post_init__(self) -> None:
-        wd = self.info.watchdog
-        self.log_file: Any = None  # this node's sidecar log, once opened
-        self.layout = self.info.layout
-        self.clock = StallClock(
+    def __init__(
+        self, info: LaunchInfo, node: str, nodes: list[str], job_id: str | None = None,
+        out: IO[str] = sys.stdout,
+    ) -> None:  # fmt: skip
+        wd, layout = info.watchdog, info.layout
+        self.info, self.out = info, out
+        self.voice = Voice(node, layout.logs_dir, Redactor.from_environment(), out)
+        say, log = self.voice.say, self.voice.log
+        clock = StallClock(
             wd.stall_timeout, wd.startup_timeout, wd.auto_factor, wd.auto_min_timeout,
             wd.teardown_timeout,
         )  # fmt: skip
-        patterns = default_log_patterns(self.layout, self.info, self.nodes[0])
-        owner = run_dir_owner(self.layout.run_dir)  # the job's user: its logs alone count
-        self.tail = StepLogTail(patterns + list(wd.log_files), wd.step_regex, owner)
-        self.refusals_said: set[str] = set()
         specs = [SinkSpec.from_dict(d) for d in wd.notify]
-        self.notifier = Notifier(
-            specs, self.layout.spool_dir, Redactor.from_environment(), self.log,
-            wd.spool_retry_interval, say=self.say, incidents_dir=self.layout.incidents_dir,
+        notifier = Notifier(
+            specs, layout.spool_dir, self.voice.redactor, log, wd.spool_retry_interval, say=say,
+            incidents_dir=layout.incidents_dir,
         )  # fmt: skip
+        self.voice.redactor = notifier.redactor
         scope = Scope(
-            self.info.run_id, self.node, self.info.world_size, self.info.rank_role,
-            str(self.layout.job_config), os.environ.get(ENV_RAYLET) or None,
+            info.run_id, node, info.world_size, info.rank_role, str(layout.job_config),
+            os.environ.get(ENV_RAYLET) or None,
         )  # fmt: skip
-        self.watch = NodeWatch(
-            self.layout, scope, self.info.nproc_per_node, self.log,
-            gpu_backend=self.open_gpus(),
+        watch = NodeWatch(
+            layout, scope, info.nproc_per_node, log, gpu_backend=self.open_gpus(),
             gpus=IdleTracker(wd.gpu.idle_utilization, wd.gpu.spin_power_fraction),
         )  # fmt: skip
-        self.coordinator = Coordinator(
-            self.layout, self.info.run_id, self.node, self.nodes, wd.node_timeout,
-            dynamic=self.info.dynamic_nodes,
+        coordinator = Coordinator(
+            layout, info.run_id, node, nodes, wd.node_timeout, dynamic=info.dynamic_nodes
+        )
+        incidents = Incidents(
+            info, node, nodes, job_id, watch, coordinator, clock, notifier, say,
+            history=History(node), drawings=Drawings(log, notifier.submit_picture),
         )  # fmt: skip
-        self.incidents = Incidents(
-            self.info, self.node, self.nodes, self.job_id, self.watch, self.coordinator,
-            self.clock, self.notifier, self.say, history=History(self.node),
-            drawings=Drawings(self.log, self.notifier.submit_picture),
+        self.kit = Collaborators(
+            info, node, nodes, job_id, clock, watch, coordinator, incidents, notifier,
+            InFlightSensor(layout), ServerCallSensor(), say, log,
         )  # fmt: skip
-        self.in_flight = InFlightSensor(self.layout)
-        self.server_calls = ServerCallSensor()
-        self.statuses: dict[str, dict[str, Any]] = {}
-        self.published: dict[str, Any] = {}  # what peers act on, as last published
-        self.own_exit: dict[str, Any] | None = None  # this node's job_exit record, once seen
-        self.beats = HeartbeatState()
-        self.last_said = ""
-        self.gone_since: float | None = None
-        self.exited_at: float | None = None
+        self.view = JobView()
+        patterns = default_log_patterns(layout, info, nodes[0])
+        owner = run_dir_owner(layout.run_dir)  # the job's user: its logs alone count
+        tail = StepLogTail(patterns + list(wd.log_files), wd.step_regex, owner)
+        self.progress = ProgressWatch(self.kit, self.view, tail)
+        self.publisher = StatusPublisher(self.kit, self.view)
+        self.job_end = JobEnd(self.kit, self.view, self.publisher)
+        self.leader = Leader(self.kit, self.view, self.job_end)
         self.answered_progress: float | None = -1.0  # the stall we answered for: its progress
-        self.pause_said = 0.0  # the end of the announced pause already said
         self.run_dir_lost = False
-        self.slow_said = False
-        self.metrics = start_feed(self.info, self.node, self.say)
-
-    # ----------------------------------------------------------------- output
-    def say(self, message: str) -> None:
-        """One status line on the terminal, only when something changed."""
-        if message == self.last_said:
-            return
-        self.last_said = message
-        self.log(message)
-        with contextlib.suppress(OSError, ValueError):  # a terminal that closed
-            print(f"[areal-watchdog {self.node}] {message}", file=self.out, flush=True)
-
-    def log(self, message: str) -> None:
-        """A line in this node's sidecar log file (best effort: a full disk loses lines). The
-        file stays open: one open for the sidecar's life, not one a line on the shared
-        filesystem; a write that fails opens it again next time."""
-        try:
-            if self.log_file is None:
-                self.log_file = open_append(self.layout.logs_dir / f"sidecar_{self.node}.log")
-            line = f"{time.strftime('%H:%M:%S')} {self.notifier.redactor.scrub(message)}\n"
-            self.log_file.write(line)
-            self.log_file.flush()
-        except (OSError, AttributeError, ValueError):
-            self.log_file = None
+        self.metrics = start_feed(info, node, log)
 
     def open_gpus(self) -> GpuBackend:
         wd = self.info.watchdog
         try:
             backend = open_backend(wd.gpu.backend, wd.gpu.recording)
         except Exception as exc:  # noqa: BLE001 - explain, then watch without GPUs
-            self.say(f"GPU monitor {wd.gpu.backend} unavailable ({exc}); watching without GPUs")
+            self.voice.say(
+                f"GPU monitor {wd.gpu.backend} unavailable ({exc}); watching without GPUs"
+            )
             return NoGpu()
-        self.log(f"GPU monitor: {backend.name}")
+        self.voice.log(f"GPU monitor: {backend.name}")
         return backend
 
     # ------------------------------------------------------------------- loop
     def run(self) -> int:
         """Watch until the job ends (or a signal says it is ending); return 0."""
-        wd = self.info.watchdog
+        wd, kit, view = self.info.watchdog, self.kit, self.view
         threshold = "auto" if wd.stall_timeout is None else f"{wd.stall_timeout:g} s"
         shape = f"{self.info.world_size} ranks"
         if self.info.mode != "torchrun":  # AReaL's modes: the other processes are watched too
             shape = f"AReaL {self.info.mode}, {shape} and every other process of the job"
-        self.say(
-            f"watching run {self.info.run_id}: {shape} on {len(self.nodes)} node(s), stall "
+        kit.say(
+            f"watching run {self.info.run_id}: {shape} on {len(kit.nodes)} node(s), stall "
             f"after {threshold} (startup {wd.startup_timeout:g} s)"
         )
-        with StatusKeeper(self.coordinator) as keeper:  # a long step never looks like a loss
-            while not self.done and not self.stopping:
+        with StatusKeeper(kit.coordinator) as keeper:  # a long step never looks like a loss
+            while not view.done and not view.stopping:
                 started = time.perf_counter()
                 with keeper.step():
                     self.guarded(self.poll, time.time())
                 self.guarded(self.measured, time.perf_counter() - started)
-                if self.done:
+                if view.done:
                     break
                 time.sleep(self.pause(wd.poll_interval))
-            if self.stopping and not self.done:
+            if view.stopping and not view.done:
                 with keeper.step():
-                    self.guarded(lambda _now: self.on_job_ending(), time.time())
+                    self.guarded(lambda _now: self.job_end.on_job_ending(), time.time())
         if self.metrics is not None:
             self.metrics.close()
-        self.wind_down()
+        self.job_end.wind_down()
         return 0
 
     def measured(self, poll_seconds: float) -> None:
         """The metrics after a poll (when ``watchdog.metrics`` asks for them)."""
         if self.metrics is not None:
-            self.metrics.update(self, poll_seconds, running=self.own_exit is None)
+            written_at = self.publisher.status_written_at
+            self.metrics.update(self.kit, written_at, poll_seconds, self.view.own_exit is None)
 
     def reads_leader_closely(self, now: float) -> bool:
         """Whether a follower reads the leader's status every poll, else when due: from a poll
         before the stall threshold until it answered for this stall (the evidence request comes
         then; a second look's comes later, on purpose), while ranks run here (after the end,
         that was a read a second for nothing)."""
-        crossing = now >= self.clock.crossed_at() - self.info.watchdog.poll_interval
-        answered = self.answered_progress == self.clock.last_progress_at
-        return crossing and not answered and self.own_exit is None
+        clock = self.kit.clock
+        crossing = now >= clock.crossed_at() - self.info.watchdog.poll_interval
+        answered = self.answered_progress == clock.last_progress_at
+        return crossing and not answered and self.view.own_exit is None
 
     def pause(self, poll_interval: float) -> float:
         """Until the next poll: a poll interval, or less when the stall threshold comes first
@@ -205,99 +174,102 @@ class Sidecar(JobEnd, Leader, ProgressWatch, StatusPublisher):
         a poll interval again: a follower polling the leader's status as fast as it can read it
         while the job hangs made some 30 reads a second on the shared filesystem."""
         now = time.time()
-        until = self.clock.crossed_at() - now
+        until = self.kit.clock.crossed_at() - now
         if until > 0:
             return min(poll_interval, until + 0.01)
-        following = not self.coordinator.is_leader()
+        following = not self.kit.coordinator.is_leader()
         if following and -until < REQUEST_WINDOW and self.reads_leader_closely(now):
             return min(poll_interval, REQUEST_LOOK)
         return poll_interval
 
-    def guarded(self, step: Any, now: float) -> None:
+    def guarded(self, step: Callable[[float], object], now: float) -> None:
         """Run one step; its failure (a full disk, a deleted file, a bug) is logged, said once
         and survived: a sidecar that dies leaves the job unwatched."""
         try:
             step(now)
         except Exception as exc:  # noqa: BLE001 - the watchdog must outlive its own errors
-            self.log("poll failed:\n" + traceback.format_exc())
-            self.say(f"watchdog error, still watching: {type(exc).__name__}: {exc}")
+            self.voice.log("poll failed:\n" + traceback.format_exc())
+            self.voice.say(f"watchdog error, still watching: {type(exc).__name__}: {exc}")
 
     def poll(self, now: float) -> None:
         """One observation; the leader may open an incident. A follower reads one file a poll
         (the leader's status); what matters less often waits until its status is due."""
-        due = self.coordinator.due()
-        judging = self.coordinator.is_leader()  # only a leader reports: it checks each poll
+        kit, view, watch, clock = self.kit, self.view, self.kit.watch, self.kit.clock
+        due = kit.coordinator.due()
+        judging = kit.coordinator.is_leader()  # only a leader reports: it checks each poll
         if self.run_dir_lost or (judging and not self.run_dir_present()):
             return
-        self.incidents.write_pending()
-        self.statuses = self.coordinator.refresh(closely=self.reads_leader_closely(now))
-        leading = self.coordinator.is_leader()
-        self.observe_progress(now, leading, due)
-        self.learn_step_time()
-        self.watch.refresh(now)
-        self.watch.sample_gpus(now)
+        kit.incidents.write_pending()
+        view.statuses = kit.coordinator.refresh(closely=self.reads_leader_closely(now))
+        leading = kit.coordinator.is_leader()
+        self.progress.observe(now, leading, due)
+        self.progress.learn_step_time()
+        watch.refresh(now)
+        watch.sample_gpus(now)
         self.remember(now)
         # The sensor reads a silence no look and no threshold took over yet: the leader each
         # poll, a follower when its status (which carries the reading) is due, so a follower's
         # file operations stay within its budget at 1,024 nodes (tests/test_scale_sidecars.py).
         # Not after the last step: ranks waiting in the closing barrier for rank 0's final save
         # are the teardown, a hang only after teardown_timeout.
-        clock = self.clock
-        sensing = clock.stepped and self.incidents.case is None and not clock.stalled(now)
+        sensing = clock.stepped and kit.incidents.case is None and not clock.stalled(now)
         sensing = sensing and not clock.tearing_down
         sensing = sensing and (leading or due)
         silent_for = clock.silent_for(now) if sensing else None
-        self.in_flight.poll(now, silent_for, clock.stats["median"], self.watch)
-        self.server_calls.poll(silent_for, self.watch)
+        kit.in_flight.poll(now, silent_for, clock.stats["median"], watch)
+        kit.server_calls.poll(silent_for, watch)
         self.answer_request()
-        if self.own_exit is None and (leading or due) and not self.watch.live:
-            self.own_exit = self.exit_record(self.node)  # read only while no rank runs here
-        if self.own_exit is not None:
-            self.exited_at = self.exited_at or time.monotonic()
-            self.watch.all_gone()
-        self.publish("exited" if self.own_exit is not None else "watching")
+        if view.own_exit is None and (leading or due) and not watch.live:
+            view.own_exit = self.job_end.exit_record(kit.node)  # only while no rank runs here
+        if view.own_exit is not None:
+            view.exited_at = view.exited_at or time.monotonic()
+            watch.all_gone()
+        self.publisher.publish("exited" if view.own_exit is not None else "watching")
         if leading:
-            self.lead(now)
-        elif self.own_exit is not None and (
-            self.finished() or time.monotonic() - (self.exited_at or 0) > FOLLOWER_LINGER
+            self.leader.lead(now)
+        elif view.own_exit is not None and (
+            self.job_end.finished() or time.monotonic() - (view.exited_at or 0) > FOLLOWER_LINGER
         ):
-            self.done = True
+            view.done = True
 
     def remember(self, now: float) -> None:
         """The short history a timeline is drawn from; the drawings that ended are reaped."""
-        self.incidents.history.note_step(self.clock.last_step, self.clock.last_progress_at)
-        self.incidents.history.note_gpus(now, self.watch.gpus.last)
-        self.incidents.history.note_job_gpus(now, self.statuses.values())
-        if self.incidents.drawings is not None:
-            self.incidents.drawings.reap()
+        incidents, clock = self.kit.incidents, self.kit.clock
+        incidents.history.note_step(clock.last_step, clock.last_progress_at)
+        incidents.history.note_gpus(now, self.kit.watch.gpus.last)
+        incidents.history.note_job_gpus(now, self.view.statuses.values())
+        if incidents.drawings is not None:
+            incidents.drawings.reap()
 
     def run_dir_present(self) -> bool:
         """Losing our own files (the run directory deleted) is our problem, not the job's:
         say so once, loudly, and stop judging the job instead of cancelling it."""
-        if self.layout.launch_file.exists():
+        layout = self.info.layout
+        if layout.launch_file.exists():
             return True
         if not self.run_dir_lost:
             self.run_dir_lost = True
-            self.say(
-                f"WARNING: the run directory {self.layout.run_dir} is gone: the watchdog can no "
+            self.voice.say(
+                f"WARNING: the run directory {layout.run_dir} is gone: the watchdog can no "
                 "longer follow this job; it will not report or cancel anything"
             )
         return False
 
     def answer_request(self) -> None:
         """Send this node's evidence for a request we have not answered yet."""
-        request = self.coordinator.current_request()
-        if request is None or request["id"] in self.incidents.answered:
+        kit = self.kit
+        request = kit.coordinator.current_request()
+        if request is None or request["id"] in kit.incidents.answered:
             return
-        self.incidents.answered.add(request["id"])
-        self.answered_progress = self.clock.last_progress_at
-        if request.get("by") == self.node:
+        kit.incidents.answered.add(request["id"])
+        self.answered_progress = kit.clock.last_progress_at
+        if request.get("by") == kit.node:
             return  # the leader gathers its own node directly
         started = time.monotonic()
-        mine = local_evidence(self.info, self.watch, self.clock.stepped)
-        self.coordinator.answer(request["id"], mine.to_answer())
+        mine = local_evidence(self.info, kit.watch, kit.clock.stepped)
+        kit.coordinator.answer(request["id"], mine.to_answer())
         took, ranks = time.monotonic() - started, len(mine.ranks)
-        self.log(f"answered evidence request {request['id']} ({ranks} ranks, {took:.2f} s)")
+        kit.log(f"answered evidence request {request['id']} ({ranks} ranks, {took:.2f} s)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -345,16 +317,16 @@ def main(argv: list[str] | None = None) -> int:
     launcher = os.getppid() if args.node and not args.ray else None  # areal-launch's child
     orphan = threading.Event()
     if args.ray:
-        watch_heartbeat(info, sidecar, orphan)
+        watch_heartbeat(info, sidecar.view, sidecar.voice.say, orphan)
 
     def _stop(signum: int, _frame: object) -> None:
-        sidecar.stopping = True
+        sidecar.view.stopping = True
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
         signal.signal(sig, _stop)
     code = sidecar.run()
     if orphan.is_set() or (launcher is not None and os.getppid() != launcher):
-        sidecar.orphaned()
+        sidecar.job_end.orphaned()
     return code
 
 

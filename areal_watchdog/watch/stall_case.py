@@ -1,10 +1,11 @@
 """The records a silence is followed with: each look taken at it, and the case that holds them
-until a new step ends it (``escalation``, ``busy_warnings``)."""
+until a new step ends it (``escalation``, ``busy_warnings``), how a look at it was decided, and
+what the escalation asks of the incident desk (``Desk``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from areal_watchdog.config.model import HangAction
 from areal_watchdog.diagnose.verdict import Verdict
@@ -44,3 +45,33 @@ class StallCase:
     busy_in: set[str] = field(default_factory=set)  # the functions busy ranks were seen in
     moving: set[int] = field(default_factory=set)  # pids whose stacks moved at a second look
     written: tuple[Any, ...] | None = None  # the verdict of the last look written
+
+
+class Desk(Protocol):
+    """What the escalation asks of the incident desk: a look at the job, a report of one, and
+    whether the job is being ended already."""
+
+    cancelling: bool
+
+    def look(self, trigger: Trigger, lost: tuple[str, ...], statuses: dict) -> Look: ...
+
+    def report(
+        self, trigger: Trigger, look: Look, action: HangAction,
+        confirmation: dict[str, Any] | None = None, post: bool = True,
+    ) -> None: ...  # fmt: skip
+
+
+def confirmation(
+    case: StallCase, after: float, what: list[str], confirmed: bool, by: str | None,
+    cancel_after_s: float,
+) -> dict[str, Any]:  # fmt: skip
+    """``report.json``'s ``confirmation``: how a look at ``case`` was decided."""
+    return {
+        "after_s": round(max(after, 0.0), 3),
+        "moved": what,
+        "confirmed": confirmed,
+        "by": by,
+        "look": case.looks,
+        "cancel_after_s": round(cancel_after_s, 3),
+        "posted": confirmed,
+    }

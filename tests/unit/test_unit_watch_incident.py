@@ -154,7 +154,7 @@ def test_on_hang_report_writes_and_posts_but_never_cancels(tmp_path: Path, launc
     d.clock.hold(time.time())  # the silence began now: the hard limit is far
     d.open(Trigger.STALL, {})
     assert reports(tmp_path) == [] and d.case is not None
-    d.follow({}, d.case.due)
+    d.escalation.follow({}, d.case.due)
     (report,) = reports(tmp_path)
     assert report["confirmation"]["by"] == "second_look"
     assert report["category"] == "collective_mismatch" and report["culprit_ranks"] == [2]

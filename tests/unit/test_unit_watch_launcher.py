@@ -21,17 +21,17 @@ from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.watch import launcher_heartbeat, standby
 from areal_watchdog.watch.launcher_heartbeat import LAUNCHER_SILENCE_S, watch_heartbeat
+from areal_watchdog.watch.sidecar_shared import JobView
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 class FakeSidecar:
-    def __init__(self) -> None:
-        self.done = self.stopping = False
-        self.lines: list[str] = []
+    """What the heartbeat's watch reads and changes: the sidecar's view, its lines."""
 
-    def say(self, message: str) -> None:
-        self.lines.append(message)
+    def __init__(self) -> None:
+        self.view = JobView()
+        self.lines: list[str] = []
 
 
 def info(run_dir: Path) -> LaunchInfo:
@@ -55,7 +55,7 @@ def fast_watch(monkeypatch: pytest.MonkeyPatch):
     sidecars: list[FakeSidecar] = []
     yield sidecars
     for sidecar in sidecars:
-        sidecar.done = True
+        sidecar.view.done = True
     for thread in set(threading.enumerate()) - before:
         thread.join(timeout=1.0)
         assert not thread.is_alive()
@@ -79,9 +79,9 @@ def test_a_launcher_gone_stops_the_sidecar_as_orphaned(
     launcher_said(tmp_path, **record)
     sidecar, orphan = FakeSidecar(), threading.Event()
     fast_watch.append(sidecar)
-    watch_heartbeat(info(tmp_path), sidecar, orphan)
+    watch_heartbeat(info(tmp_path), sidecar.view, sidecar.lines.append, orphan)
     assert orphan.wait(1.0)
-    assert sidecar.stopping
+    assert sidecar.view.stopping
     assert sidecar.lines == ["areal-launch stopped answering (its heartbeat is old)"]
 
 
@@ -91,13 +91,13 @@ def test_no_heartbeat_yet_or_a_fresh_one_is_no_death(
     (tmp_path / "watchdog").mkdir()
     sidecar, orphan = FakeSidecar(), threading.Event()
     fast_watch.append(sidecar)
-    watch_heartbeat(info(tmp_path), sidecar, orphan)
+    watch_heartbeat(info(tmp_path), sidecar.view, sidecar.lines.append, orphan)
     time.sleep(0.05)  # several looks: no file
     write_json_atomic(RunLayout(tmp_path).launcher_file, {"run_id": "old", "time": 0.0})
     time.sleep(0.05)  # another run's record is no news either
     launcher_said(tmp_path, time=time.time())
     assert not orphan.wait(0.1)
-    assert not sidecar.stopping and sidecar.lines == []
+    assert not sidecar.view.stopping and sidecar.lines == []
 
 
 STANDBY = """

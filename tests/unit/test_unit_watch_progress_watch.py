@@ -1,5 +1,5 @@
 """How the sidecar follows progress (``watch.progress_watch``): step lines, heartbeats, peers'
-announced pauses, the job's last step, on a real ``Sidecar`` (no loop: ``observe_progress``
+announced pauses, the job's last step, on a real ``Sidecar`` (no loop: ``ProgressWatch.observe``
 with a fake clock). What users see: the lines said, and the stall clock they drive."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def sidecar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Sidecar:
     info.layout.logs_dir.mkdir(parents=True)
     write_json_atomic(info.layout.launch_file, info.to_dict())
     node = Sidecar(info, "n1", ["n1", "n2"], out=io.StringIO())
-    node.observe_progress(0.0, leading=True, due=True)  # the log's old lines do not count
+    node.progress.observe(0.0, leading=True, due=True)  # the log's old lines do not count
     return node
 
 
@@ -51,57 +51,57 @@ def append(sidecar: Sidecar, text: str) -> None:
 
 def test_step_lines_move_the_clock_and_are_said_once_each_way(sidecar: Sidecar) -> None:
     append(sidecar, "step 1/10 loss=3.2\nstep 2/10 loss=3.1\n")
-    sidecar.observe_progress(5.0, leading=True, due=True)
+    sidecar.progress.observe(5.0, leading=True, due=True)
     append(sidecar, "step 3/10\n")
-    sidecar.observe_progress(9.0, leading=True, due=True)
+    sidecar.progress.observe(9.0, leading=True, due=True)
     assert lines(sidecar)[:2] == ["first step seen: step 1, then step 2", "steps progressing"]
-    assert (sidecar.clock.last_step, sidecar.clock.total) == (3, 10)
-    assert sidecar.clock.last_progress_at == 9.0
-    sidecar.observe_progress(12.0, leading=True, due=True)  # nothing new: the clock stays
-    assert sidecar.clock.last_progress_at == 9.0
+    assert (sidecar.kit.clock.last_step, sidecar.kit.clock.total) == (3, 10)
+    assert sidecar.kit.clock.last_progress_at == 9.0
+    sidecar.progress.observe(12.0, leading=True, due=True)  # nothing new: the clock stays
+    assert sidecar.kit.clock.last_progress_at == 9.0
 
 
 def test_progress_after_a_reported_silence_is_said_and_ends_it(sidecar: Sidecar) -> None:
     append(sidecar, "step 1/10\n")
-    sidecar.observe_progress(5.0, leading=True, due=True)
-    sidecar.reported = Reported(silence=True, suspected=True)
+    sidecar.progress.observe(5.0, leading=True, due=True)
+    sidecar.view.reported = Reported(silence=True, suspected=True)
     append(sidecar, "step 2/10\n")
-    sidecar.observe_progress(50.0, leading=True, due=True)
+    sidecar.progress.observe(50.0, leading=True, due=True)
     assert lines(sidecar)[1] == "progress resumed at step 2"
-    assert sidecar.reported == Reported()  # the next silence is reported afresh
+    assert sidecar.view.reported == Reported()  # the next silence is reported afresh
 
 
 def test_a_heartbeat_and_a_peers_step_count_as_progress(sidecar: Sidecar) -> None:
-    beats = sidecar.layout.heartbeats("n1")
+    beats = sidecar.info.layout.heartbeats("n1")
     beats.mkdir(parents=True)
     (beats / beat_name(0, 4, "r1")).touch()
     (beats / beat_name(1, 99, "another-run")).touch()  # another run's beat: not ours
-    sidecar.observe_progress(5.0, leading=True, due=True)
-    assert sidecar.clock.last_step == 4
-    sidecar.statuses = {"n2": {"local_step": 6}}
-    sidecar.observe_progress(7.0, leading=True, due=True)
-    assert sidecar.clock.last_step == 6 and sidecar.clock.last_progress_at == 7.0
+    sidecar.progress.observe(5.0, leading=True, due=True)
+    assert sidecar.kit.clock.last_step == 4
+    sidecar.view.statuses = {"n2": {"local_step": 6}}
+    sidecar.progress.observe(7.0, leading=True, due=True)
+    assert sidecar.kit.clock.last_step == 6 and sidecar.kit.clock.last_progress_at == 7.0
 
 
 def test_a_peers_announced_pause_holds_the_clock_and_is_said_once(sidecar: Sidecar) -> None:
-    sidecar.statuses = {"n2": {"pause_until": 100.0, "pause_reason": "saving a checkpoint"}}
-    sidecar.observe_progress(40.0, leading=True, due=True)
-    sidecar.observe_progress(41.0, leading=True, due=True)
+    sidecar.view.statuses = {"n2": {"pause_until": 100.0, "pause_reason": "saving a checkpoint"}}
+    sidecar.progress.observe(40.0, leading=True, due=True)
+    sidecar.progress.observe(41.0, leading=True, due=True)
     assert [line for line in lines(sidecar) if line] == [
         "pause announced (saving a checkpoint): stall detection suspended for up to 60 s"
     ]
-    assert not sidecar.clock.stalled(41.0 + 29.0)  # the silence counts from the pause
+    assert not sidecar.kit.clock.stalled(41.0 + 29.0)  # the silence counts from the pause
 
 
 def test_the_last_step_turns_the_silence_into_teardown(sidecar: Sidecar) -> None:
     append(sidecar, "step 9/10\n")
-    sidecar.observe_progress(5.0, leading=True, due=True)
+    sidecar.progress.observe(5.0, leading=True, due=True)
     append(sidecar, "step 10/10\n")
-    sidecar.observe_progress(6.0, leading=True, due=True)
+    sidecar.progress.observe(6.0, leading=True, due=True)
     assert lines(sidecar)[1] == (
         "last step seen: step 10 of 10; the job's teardown counts as a hang after 300 s"
     )
-    assert not sidecar.clock.stalled(6.0 + 31.0)
+    assert not sidecar.kit.clock.stalled(6.0 + 31.0)
 
 
 def test_a_log_others_may_write_is_refused_and_said(sidecar: Sidecar) -> None:
@@ -110,20 +110,20 @@ def test_a_log_others_may_write_is_refused_and_said(sidecar: Sidecar) -> None:
     new.write_text("step 1007\n")
     os.chmod(new, 0o666)
     os.replace(new, log)
-    sidecar.observe_progress(5.0, leading=True, due=True)
-    sidecar.observe_progress(6.0, leading=True, due=True)
+    sidecar.progress.observe(5.0, leading=True, due=True)
+    sidecar.progress.observe(6.0, leading=True, due=True)
     (line,) = [line for line in lines(sidecar) if line]
     assert line.endswith("do not count: writable by others (it could fake progress)")
-    assert sidecar.clock.last_step is None
+    assert sidecar.kit.clock.last_step is None
 
 
 def test_a_phase_areal_announces_starts_the_silence_anew(sidecar: Sidecar) -> None:
     append(sidecar, "step 1/10\nstep 2/10\n")
-    sidecar.observe_progress(5.0, leading=True, due=True)
+    sidecar.progress.observe(5.0, leading=True, due=True)
     append(sidecar, "(AReaL) 20261128-10:00:00.000 Recover INFO: Saved recover checkpoint to /c "
                     "(with_optim=True)\n")  # fmt: skip
-    sidecar.observe_progress(40.0, leading=True, due=True)
-    assert sidecar.clock.last_step == 2 and sidecar.clock.silent_for(41.0) == 1.0
+    sidecar.progress.observe(40.0, leading=True, due=True)
+    assert sidecar.kit.clock.last_step == 2 and sidecar.kit.clock.silent_for(41.0) == 1.0
     assert "AReaL announced the recover checkpoint saved: the silence counts from here" in lines(
         sidecar
     )
