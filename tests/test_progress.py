@@ -10,7 +10,7 @@ import regex
 
 from areal_watchdog.config.model import DEFAULT_STEP_REGEX
 from areal_watchdog.rundir.pace import interval_summary
-from areal_watchdog.watch.progress import StallClock, learned_threshold
+from areal_watchdog.watch.stall_clock import StallClock, learned_threshold
 from areal_watchdog.watch.step_log import GLOB_EVERY, StepLogTail, find_progress
 
 AREAL_LINE = (
@@ -211,7 +211,7 @@ def test_a_nodes_heartbeats_are_read_with_one_listing_and_no_open(
     another run's heartbeats and another node's do not count."""
     import areal_watchdog.rundir.heartbeat as api
     from areal_watchdog.rundir.layout import RunLayout
-    from areal_watchdog.watch import progress
+    from areal_watchdog.watch import heartbeats
 
     layout = RunLayout(tmp_path / "run")
     monkeypatch.setenv("AREAL_WATCHDOG_DIR", str(layout.watch_dir))
@@ -230,17 +230,17 @@ def test_a_nodes_heartbeats_are_read_with_one_listing_and_no_open(
             rank.beat(None)  # alive: changes nothing
     beacon(9, "old").beat(99)  # a stale run's
     opened: list[Path] = []
-    monkeypatch.setattr(progress, "read_json", lambda p: opened.append(p))
-    state = progress.read_heartbeats(layout, "r1", "node1")
+    monkeypatch.setattr(heartbeats, "read_json", lambda p: opened.append(p))
+    state = heartbeats.read_heartbeats(layout, "r1", "node1")
     assert (state.max_step, opened) == (3, [])
     assert len(list(layout.heartbeats("node1").iterdir())) == 9  # one name per rank, renamed
-    assert progress.read_heartbeats(layout, "r1", "node2").max_step is None
+    assert heartbeats.read_heartbeats(layout, "r1", "node2").max_step is None
     monkeypatch.undo()
     monkeypatch.setenv("AREAL_WATCHDOG_DIR", str(layout.watch_dir))
     monkeypatch.setenv("AREAL_WATCHDOG_NODE", "node1")
     monkeypatch.setenv("AREAL_WATCHDOG_RUN_ID", "r1")
     monkeypatch.setattr(api, "_beacon", None)
     with api.expect_pause(60, "checkpoint"):
-        state = progress.read_heartbeats(layout, "r1", "node1")
+        state = heartbeats.read_heartbeats(layout, "r1", "node1")
         assert state.pause_reason == "checkpoint" and state.pause_until > time.time() + 50
-    assert progress.read_heartbeats(layout, "r1", "node1").pause_until == 0.0
+    assert heartbeats.read_heartbeats(layout, "r1", "node1").pause_until == 0.0

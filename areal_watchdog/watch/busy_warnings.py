@@ -10,8 +10,8 @@ from collections.abc import Callable
 from areal_watchdog.common.rankset import ranks_phrase
 from areal_watchdog.config.model import HangAction
 from areal_watchdog.diagnose.movement import marks
-from areal_watchdog.watch.progress import StallClock
 from areal_watchdog.watch.stall_case import Desk, Look, StallCase, confirmation
+from areal_watchdog.watch.stall_clock import StallClock
 
 # A possible livelock is posted as a warning after this long without a step (or 3 times the
 # longest step interval, if longer): healthy phases measured here stay under it (one rank

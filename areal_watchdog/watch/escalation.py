@@ -55,8 +55,8 @@ from areal_watchdog.diagnose.movement import (
 from areal_watchdog.diagnose.strength import DAMAGE, strength, verdict_key
 from areal_watchdog.evidence.trigger import Trigger
 from areal_watchdog.watch.busy_warnings import BusyWarnings
-from areal_watchdog.watch.progress import StallClock
 from areal_watchdog.watch.stall_case import Desk, Look, StallCase, confirmation
+from areal_watchdog.watch.stall_clock import StallClock
 
 MIN_CONFIRM_S = 2.0  # the shortest wait between the two looks of a silence
 CANCEL_AFTER_FACTOR = 5.0  # the default hard limit, in stall thresholds or step intervals

@@ -40,9 +40,9 @@ from areal_watchdog.watch.coordination import ENDED_STATES, Coordinator
 from areal_watchdog.watch.drawings import Drawings
 from areal_watchdog.watch.escalation import Escalation, summary_prefix
 from areal_watchdog.watch.node import NodeWatch
-from areal_watchdog.watch.progress import StallClock
 from areal_watchdog.watch.scheduler import end_job
 from areal_watchdog.watch.stall_case import Look, StallCase
+from areal_watchdog.watch.stall_clock import StallClock
 
 # Seconds to wait for the ranks' Flight Recorder dumps: a rank spinning in Python lends its
 # listener the GIL in 5 ms slices, and under load (AReaL's FSDP on 2 cores) 2 s was too short.

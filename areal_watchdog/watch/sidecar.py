@@ -41,15 +41,15 @@ from areal_watchdog.watch.launcher_heartbeat import watch_heartbeat
 from areal_watchdog.watch.leader import Leader
 from areal_watchdog.watch.metrics_feed import start_feed
 from areal_watchdog.watch.node import NodeWatch
-from areal_watchdog.watch.progress import StallClock, default_log_patterns
 from areal_watchdog.watch.progress_watch import ProgressWatch
 from areal_watchdog.watch.scheduler import placement
 from areal_watchdog.watch.server_calls import ServerCallSensor
 from areal_watchdog.watch.sidecar_shared import Collaborators, JobView
+from areal_watchdog.watch.stall_clock import StallClock
 from areal_watchdog.watch.standby import wait_for_node_lock
 from areal_watchdog.watch.status_keeper import StatusKeeper
 from areal_watchdog.watch.status_publisher import StatusPublisher
-from areal_watchdog.watch.step_log import StepLogTail
+from areal_watchdog.watch.step_log import StepLogTail, default_log_patterns
 from areal_watchdog.watch.voice import Voice
 
 FOLLOWER_LINGER = 60.0  # seconds a finished follower keeps answering a leader that has not finished

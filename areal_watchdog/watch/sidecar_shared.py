@@ -13,11 +13,12 @@ from areal_watchdog.notify.notifier import Notifier
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.watch.coordination import Coordinator
+from areal_watchdog.watch.heartbeats import HeartbeatState
 from areal_watchdog.watch.in_flight import InFlightSensor
 from areal_watchdog.watch.incident import Incidents
 from areal_watchdog.watch.node import NodeWatch
-from areal_watchdog.watch.progress import HeartbeatState, StallClock
 from areal_watchdog.watch.server_calls import ServerCallSensor
+from areal_watchdog.watch.stall_clock import StallClock
 from areal_watchdog.watch.triggers import Reported
 
 

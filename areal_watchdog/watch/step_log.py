@@ -7,8 +7,10 @@ anew from them, as from an announced pause's start) and AReaL's own phase timing
 
 from __future__ import annotations
 
+import getpass
 import glob
 import os
+import pwd
 import re
 import stat as stat_module
 from dataclasses import dataclass, field
@@ -16,6 +18,10 @@ from datetime import datetime
 from pathlib import Path
 
 import regex
+
+from areal_watchdog.rundir.launch_info import LaunchInfo
+from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.rundir.secure import run_dir_owner
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 LINE_BUDGET_S = 0.05  # the longest one log line may take to match watchdog.step_regex
@@ -240,3 +246,34 @@ class StepPhases:
         """``rollout 45 s, train_step 2 s``: the phases that weigh, longest first."""
         top = sorted(self.longest.items(), key=lambda item: -item[1])[:2]
         return ", ".join(f"{phase} {seconds:.0f} s" for phase, seconds in top)
+
+
+def default_log_patterns(layout: RunLayout, info: LaunchInfo, first_node: str = "*") -> list[str]:
+    """Where the step lines are: rank 0's torchrun log (on the job's first node, where global
+    rank 0 runs: one file to follow, not one a node), and the file of AReaL's log directory
+    for this trial that carries StatsLogger's line (``main.log`` from the single controller,
+    ``trainer.log`` from SPMD's global rank 0; any ``*.log`` for a plain script). Only the
+    launching user's directory (``<fileroot>/logs/<user>/...``, the user who owns the run
+    directory), so that another user's files under the shared fileroot can never fake
+    progress."""
+    areal = Path(info.fileroot) / "logs" / _owner_name(layout) / info.experiment_name
+    areal = areal / info.trial_name
+
+    def rank0(node: str) -> str:
+        return str(layout.torchrun_logs_dir / node / "*" / "attempt_*" / "0" / "std*.log")
+
+    if info.step_logs:  # the backend's own (Ray's driver forwards the ranks' output)
+        return [*info.step_logs, str(areal / "main.log")]
+    if info.mode == "single_controller":
+        return [str(areal / "main.log")]
+    if info.mode == "spmd":  # on Slurm rank 0 runs on the first node after the servers'
+        return [rank0("*"), str(areal / "trainer.log")]
+    return [rank0(first_node), str(areal / "*.log")]
+
+
+def _owner_name(layout: RunLayout) -> str:
+    """The login name AReaL puts in its log path (``getpass.getuser()`` of the launcher)."""
+    try:
+        return pwd.getpwuid(run_dir_owner(layout.run_dir)).pw_name
+    except KeyError:
+        return getpass.getuser()

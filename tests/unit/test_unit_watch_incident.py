@@ -26,7 +26,7 @@ from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_CANCEL_FD
 from areal_watchdog.watch.coordination import Coordinator
 from areal_watchdog.watch.incident import Incidents, job_secrets, look_outcome
-from areal_watchdog.watch.progress import StallClock
+from areal_watchdog.watch.stall_clock import StallClock
 from conftest import sleeper
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "evidence"

@@ -24,9 +24,9 @@ from areal_watchdog.rundir.layout import ENV_RUN_ID
 from areal_watchdog.watch.in_flight import InFlightSensor
 from areal_watchdog.watch.job_end import JobEnd
 from areal_watchdog.watch.leader import Leader
-from areal_watchdog.watch.progress import StallClock
 from areal_watchdog.watch.server_calls import ServerCallSensor
 from areal_watchdog.watch.sidecar_shared import Collaborators, JobView
+from areal_watchdog.watch.stall_clock import StallClock
 
 THRESHOLD = 30.0
 

@@ -1,59 +1,19 @@
-"""How the watchdog knows the job is alive: step lines (``step_log``), heartbeats, announced
-pauses. ``read_heartbeats`` reads the rank-side API's files; ``StallClock`` turns progress into
-a stall decision, with a learned (``auto``) threshold.
-"""
+"""When a silence is a stall: ``StallClock`` turns progress (steps, held silences, a leader's
+clock adopted) into a stall decision, with a threshold fixed or learned (``auto``) from the
+job's own step intervals."""
 
 from __future__ import annotations
 
-import getpass
-import os
-import pwd
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from areal_watchdog.common.atomic import read_json
-from areal_watchdog.rundir.beats import beat_step
-from areal_watchdog.rundir.launch_info import LaunchInfo
-from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.rundir.pace import interval_summary
-from areal_watchdog.rundir.secure import run_dir_owner
 
 LEARNED_FACTOR = 1.5  # a silence shorter than this many of the longest step seen is no stall
 WARMUP_INTERVALS = 3  # step intervals seen before the threshold follows their distribution
 WARMUP_MIN = 60.0  # the least threshold while warming up: first steps load, compile, warm caches
 INTERVALS_KEPT = 256  # the newest step intervals the quantile is taken over
-
-
-@dataclass
-class HeartbeatState:
-    """What the rank-side API says: the highest step and any pause still announced."""
-
-    max_step: int | None = None
-    pause_until: float = 0.0
-    pause_reason: str = ""
-
-
-def read_heartbeats(layout: RunLayout, run_id: str, node: str) -> HeartbeatState:
-    """The heartbeats and announced pauses of ``node``'s ranks (``rundir.beats_node``; the
-    other nodes' reach the leader through their sidecars' statuses): one listing, a pause file
-    opened only when listed."""
-    state = HeartbeatState()
-    directory = layout.heartbeats(node)
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return state  # no rank of this node uses the heartbeat API
-    steps = [s for s in (beat_step(n, run_id) for n in names) if s is not None]
-    state.max_step = max(steps, default=None)
-    for name in names:
-        record = read_json(directory / name) if name.startswith("pause_") else None
-        if isinstance(record, dict) and record.get("run_id") == run_id:
-            until = float(record.get("until", 0))
-            if until > state.pause_until:
-                state.pause_until, state.pause_reason = until, str(record.get("reason", ""))
-    return state
 
 
 @dataclass
@@ -192,34 +152,3 @@ def learned_threshold(stats: dict[str, float | int | None], margin: float, floor
     if int(stats["intervals"] or 0) < WARMUP_INTERVALS:
         return max(WARMUP_MIN, 5 * float(stats["longest"] or 0.0))
     return max(floor, margin * float(stats["p99"] or 0.0))
-
-
-def default_log_patterns(layout: RunLayout, info: LaunchInfo, first_node: str = "*") -> list[str]:
-    """Where the step lines are: rank 0's torchrun log (on the job's first node, where global
-    rank 0 runs: one file to follow, not one a node), and the file of AReaL's log directory
-    for this trial that carries StatsLogger's line (``main.log`` from the single controller,
-    ``trainer.log`` from SPMD's global rank 0; any ``*.log`` for a plain script). Only the
-    launching user's directory (``<fileroot>/logs/<user>/...``, the user who owns the run
-    directory), so that another user's files under the shared fileroot can never fake
-    progress."""
-    areal = Path(info.fileroot) / "logs" / _owner_name(layout) / info.experiment_name
-    areal = areal / info.trial_name
-
-    def rank0(node: str) -> str:
-        return str(layout.torchrun_logs_dir / node / "*" / "attempt_*" / "0" / "std*.log")
-
-    if info.step_logs:  # the backend's own (Ray's driver forwards the ranks' output)
-        return [*info.step_logs, str(areal / "main.log")]
-    if info.mode == "single_controller":
-        return [str(areal / "main.log")]
-    if info.mode == "spmd":  # on Slurm rank 0 runs on the first node after the servers'
-        return [rank0("*"), str(areal / "trainer.log")]
-    return [rank0(first_node), str(areal / "*.log")]
-
-
-def _owner_name(layout: RunLayout) -> str:
-    """The login name AReaL puts in its log path (``getpass.getuser()`` of the launcher)."""
-    try:
-        return pwd.getpwuid(run_dir_owner(layout.run_dir)).pw_name
-    except KeyError:
-        return getpass.getuser()
