@@ -9,7 +9,7 @@ was not started by ``areal-launch --watchdog``::
         save()
 """
 
-from areal_watchdog.rundir.heartbeat import expect_pause, heartbeat
+from areal_watchdog.rundir.progress.heartbeat import expect_pause, heartbeat
 
 __version__ = "0.1.0"
 __all__ = ["heartbeat", "expect_pause", "__version__"]

@@ -50,7 +50,7 @@ from areal_watchdog.recover.resume import recovery_lines, run_resuming
 from areal_watchdog.report.build import load_schema
 from areal_watchdog.report.run_status import status_lines
 from areal_watchdog.rundir.layout import RunLayout
-from areal_watchdog.trajectory.replay_plan import ReplayRequest, plan_replay_config
+from areal_watchdog.trajectory.replay.replay_plan import ReplayRequest, plan_replay_config
 
 COMMANDS = (
     "status",
@@ -312,7 +312,9 @@ def cmd_diagnose(argv: list[str], _watchdog: bool) -> int:
 
 def cmd_check_consistency(argv: list[str], watchdog: bool) -> int:
     """Imported when asked for: it loads torch and transformers."""
-    from areal_watchdog.trajectory.check_consistency import cmd_check_consistency as run
+    from areal_watchdog.trajectory.rollout_consistency.check_consistency import (
+        cmd_check_consistency as run,
+    )
 
     return run(argv, watchdog)
 

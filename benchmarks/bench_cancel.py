@@ -20,8 +20,8 @@ from pathlib import Path
 
 import psutil
 
-from areal_watchdog.rundir.late_finish import LateFinish
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.rundir.sidecar_files.late_finish import LateFinish
 from testkit.launcher import Launcher
 from testkit.receiver import Receiver
 

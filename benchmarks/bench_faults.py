@@ -169,7 +169,7 @@ def run_fault(name: str, overrides: list[str], inject: Callable[[Run], None], ex
 
 def _trickle_and_ledger() -> Rows:
     """Notification faults, through the same code the sidecar uses."""
-    from areal_watchdog.common.redact import Redactor
+    from areal_watchdog.common.secrets.redact import Redactor
     from areal_watchdog.config.sinks import parse_sinks, resolve
     from areal_watchdog.notify.delivery import Spool, send
 

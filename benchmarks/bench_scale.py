@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_watchdog.common.atomic import read_json, write_json_atomic
-from areal_watchdog.common.redact import Redactor
+from areal_watchdog.common.secrets.redact import Redactor
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.evidence.gpu import GpuSample
 from areal_watchdog.evidence.model import (
@@ -46,8 +46,8 @@ from areal_watchdog.notify.sinks.slack.message import build_slack_message, check
 from areal_watchdog.report.bound import split_ranks
 from areal_watchdog.report.build import IncidentContext, build_report, new_incident_id
 from areal_watchdog.report.write import write_incident
-from areal_watchdog.rundir.history import GPU_SAMPLES_KEPT, STEPS_KEPT, History
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.rundir.progress.history import GPU_SAMPLES_KEPT, STEPS_KEPT, History
 from areal_watchdog.watch.coordination import Coordinator
 
 RANKS_PER_NODE = 8

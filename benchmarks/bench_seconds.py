@@ -36,8 +36,8 @@ from pathlib import Path
 import psutil
 
 from areal_watchdog.config.model import WatchdogSection
-from areal_watchdog.evidence.counters import read_counters
-from areal_watchdog.evidence.sockets import tcp_bytes
+from areal_watchdog.evidence.kernel_readings.counters import read_counters
+from areal_watchdog.evidence.kernel_readings.sockets import tcp_bytes
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.watch.coordination import Coordinator
 from benchmarks.bench_watchdog import DEMO, STEP_STAMP, launch

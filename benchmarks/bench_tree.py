@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from areal_watchdog.evidence.counters import read_counters
+from areal_watchdog.evidence.kernel_readings.counters import read_counters
 from areal_watchdog.evidence.process_tree import TreeMeter
 from benchmarks.bench_seconds import EARLY_STEP, HANG_STEP, _latency_row, _ms, run_one, tree_jobs
 from testkit.fuse_storage import FuseStorage, available

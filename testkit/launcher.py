@@ -16,8 +16,8 @@ import psutil
 import pytest
 import yaml
 
-from areal_watchdog.rundir.late_finish import LateFinish
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.rundir.sidecar_files.late_finish import LateFinish
 from testkit.reports import read_reports
 
 REPO = Path(__file__).resolve().parents[1]

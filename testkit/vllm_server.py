@@ -15,8 +15,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from areal_watchdog.common.parent import die_with_parent
-from areal_watchdog.evidence.servers import probe
+from areal_watchdog.common.interprocess.parent import die_with_parent
+from areal_watchdog.evidence.rollout_side.servers import probe
 from testkit.ports import free_port_pair
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ from test_trajectory import record
 
 from areal_watchdog.cli import main
 from areal_watchdog.config.load import load_config
-from areal_watchdog.trajectory.replay_plan import ReplayRequest, plan_replay_config
+from areal_watchdog.trajectory.replay.replay_plan import ReplayRequest, plan_replay_config
 
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "areal" / "gsm8k_grpo.yaml"
 

@@ -184,8 +184,8 @@ def test_bisection_replays_are_named_as_areal_allows_and_watched_from_their_firs
     at once that step 2 trained, so its stall threshold applies from the start; a group of
     the step before can be fed as the step (the check of a hang keyed on the step)."""
     from areal_watchdog.cli import main
-    from areal_watchdog.rundir import heartbeat
     from areal_watchdog.rundir.layout import ENV_WATCH_DIR
+    from areal_watchdog.rundir.progress import heartbeat
     from areal_watchdog.trajectory import Replay
 
     run = dumped_run(tmp_path)

@@ -15,7 +15,7 @@ from recording import record_dumps, record_evidence
 
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.evidence import offline
-from areal_watchdog.evidence.flight_recorder import collect
+from areal_watchdog.evidence.listeners.flight_recorder import collect
 from areal_watchdog.evidence.model import Evidence
 from areal_watchdog.notify.sinks.slack.message import build_slack_message, check_limits
 from areal_watchdog.rundir.layout import RunLayout

@@ -258,7 +258,7 @@ def test_dry_run_never_prints_a_secret_from_launch_env(
     ],
 )
 def test_secrets_in_free_text_are_scrubbed(line: str, kept: str) -> None:
-    from areal_watchdog.common.redact import Redactor
+    from areal_watchdog.common.secrets.redact import Redactor
 
     assert kept in Redactor().scrub(line)
 

@@ -16,12 +16,13 @@ import pytest
 
 from areal_watchdog import cli
 from areal_watchdog.config.sinks import SinkSpec
-from areal_watchdog.doctor import areal_hooks, command, filesystem, gpus, hint, ptrace, slurm
-from areal_watchdog.doctor.flight_recorder import judge as judge_fr
+from areal_watchdog.doctor import command, hint, slurm
+from areal_watchdog.doctor.checks import areal_hooks, filesystem, gpus, ptrace
+from areal_watchdog.doctor.checks.flight_recorder import judge as judge_fr
+from areal_watchdog.doctor.checks.sinks import check_sink
 from areal_watchdog.doctor.model import FAIL, PASS, WARN, Check, NodeReport, NodeSpec
 from areal_watchdog.doctor.node import MARKER
 from areal_watchdog.doctor.render import merge, render
-from areal_watchdog.doctor.sinks import check_sink
 
 REPO = Path(__file__).resolve().parents[1]
 AREAL2_PYTHON = REPO / ".venv-areal2" / "bin" / "python"

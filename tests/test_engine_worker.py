@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from recording import record_evidence
 
-from areal_watchdog.diagnose.activity import describe, work_thread
 from areal_watchdog.diagnose.classify import classify
+from areal_watchdog.diagnose.one_process.activity import describe, work_thread
 from areal_watchdog.evidence.model import BLOCKED, Evidence, Frame, RankEvidence, ThreadStack
 from areal_watchdog.evidence.pyspy import dump_pyspy, parse_pyspy_json
 from conftest import REPO

@@ -11,8 +11,8 @@ from pathlib import Path
 from desk import THRESHOLD, desk, recorded
 
 from areal_watchdog.diagnose.movement import marks, moved
-from areal_watchdog.evidence.flight_recorder import parse_trace
 from areal_watchdog.evidence.gpu import GpuSample, IdleTracker
+from areal_watchdog.evidence.listeners.flight_recorder import parse_trace
 from areal_watchdog.evidence.model import Evidence
 from areal_watchdog.watch.escalation import summary_prefix
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_watchdog.diagnose.frames import is_distributed, is_library
+from areal_watchdog.diagnose.one_process.frames import is_distributed, is_library
 from areal_watchdog.evidence.gpu import (
     GpuSample,
     IdleTracker,

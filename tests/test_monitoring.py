@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from areal_watchdog.common.ports import free_port
+from areal_watchdog.common.interprocess.ports import free_port
 from conftest import REPO
 from testkit.launcher import Launcher
 from testkit.reports import read_reports

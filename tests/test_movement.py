@@ -18,15 +18,20 @@ from pathlib import Path
 import psutil
 from desk import THRESHOLD, desk, recorded
 
-from areal_watchdog.diagnose.activity import work_thread
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.diagnose.movement import marks, moved
+from areal_watchdog.diagnose.one_process.activity import work_thread
 from areal_watchdog.diagnose.strength import strength
-from areal_watchdog.evidence.counters import Counters, rates, read_counters, real_data
+from areal_watchdog.evidence.kernel_readings.counters import (
+    Counters,
+    rates,
+    read_counters,
+    real_data,
+)
+from areal_watchdog.evidence.kernel_readings.process_movement import IoWindow, ProcessMovement
+from areal_watchdog.evidence.kernel_readings.sockets import parse_ss
 from areal_watchdog.evidence.model import RUNNING, Evidence, Frame, plain
-from areal_watchdog.evidence.process_movement import IoWindow, ProcessMovement
 from areal_watchdog.evidence.process_tree import TreeMeter
-from areal_watchdog.evidence.sockets import parse_ss
 from areal_watchdog.watch.escalation import summary_prefix
 
 CHECKPOINT = 6.7e6  # bytes a second: 1 MB fsync'd chunks every 0.15 s

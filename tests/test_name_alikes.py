@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from recording import DATA, RECORDING
 
-from areal_watchdog.diagnose.activity import describe
 from areal_watchdog.diagnose.classify import classify
+from areal_watchdog.diagnose.one_process.activity import describe
 from areal_watchdog.evidence.model import BLOCKED, Evidence, RankEvidence
 from areal_watchdog.evidence.pyspy import StackError, dump_pyspy, pyspy_executable
 

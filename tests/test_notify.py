@@ -14,7 +14,7 @@ import pytest
 
 from areal_watchdog.cli import main
 from areal_watchdog.common.errors import ConfigError
-from areal_watchdog.common.redact import Redactor
+from areal_watchdog.common.secrets.redact import Redactor
 from areal_watchdog.config.load import load_config
 from areal_watchdog.config.sinks import SecretError, SinkSpec, resolve
 from areal_watchdog.notify.delivery import GRACE, delivery_id, flush, send

@@ -9,7 +9,7 @@ import pytest
 import regex
 
 from areal_watchdog.config.model import DEFAULT_STEP_REGEX
-from areal_watchdog.rundir.pace import interval_summary
+from areal_watchdog.rundir.progress.pace import interval_summary
 from areal_watchdog.watch.stall_clock import StallClock, learned_threshold
 from areal_watchdog.watch.step_log import GLOB_EVERY, StepLogTail, find_progress
 
@@ -209,7 +209,7 @@ def test_a_nodes_heartbeats_are_read_with_one_listing_and_no_open(
     """Eight ranks of a node heartbeat through the public API; the sidecar learns their highest
     step from one directory listing, opening nothing (a pause file only while one is listed);
     another run's heartbeats and another node's do not count."""
-    import areal_watchdog.rundir.heartbeat as api
+    import areal_watchdog.rundir.progress.heartbeat as api
     from areal_watchdog.rundir.layout import RunLayout
     from areal_watchdog.watch import heartbeats
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from areal_watchdog.common.redact import Redactor
+from areal_watchdog.common.secrets.redact import Redactor
 from areal_watchdog.config.load import load_config
 from areal_watchdog.config.model import ON_HANG_ACTIONS
 from areal_watchdog.diagnose.classify import classify

@@ -220,7 +220,7 @@ def test_a_slurm_replay_asks_one_node_the_hangs_did_not_name(tmp_path: Path) -> 
     CPUs, every node the hangs named (and the config's own exclusions) left out."""
     from areal_watchdog.config.load import load_config
     from areal_watchdog.launch.slurm.replay import SlurmReplayHost
-    from areal_watchdog.trajectory.replay_plan import ReplayRequest
+    from areal_watchdog.trajectory.replay.replay_plan import ReplayRequest
 
     config = load_config(
         str(DEMO_CONFIG), ["+launch.slurm.partition=gpu", "+launch.slurm.exclude=node9"]

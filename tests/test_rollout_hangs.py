@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from areal_watchdog.common.redact import Redactor
+from areal_watchdog.common.secrets.redact import Redactor
 from areal_watchdog.diagnose.classify import classify
-from areal_watchdog.evidence import rollout
 from areal_watchdog.evidence.model import Evidence
-from areal_watchdog.evidence.servers import probe
+from areal_watchdog.evidence.rollout_side import rollout
+from areal_watchdog.evidence.rollout_side.servers import probe
 from areal_watchdog.rank.tasks import TaskClock, snapshot
 from areal_watchdog.report.build import IncidentContext, build_report
 from areal_watchdog.report.write import write_incident

@@ -22,7 +22,7 @@ import pytest
 
 from areal_watchdog.cli import main
 from areal_watchdog.common.atomic import write_json_atomic
-from areal_watchdog.common.fifo import write_fifo
+from areal_watchdog.common.interprocess.fifo import write_fifo
 from areal_watchdog.config.model import WatchdogSection
 from areal_watchdog.config.sinks import parse_sinks
 from areal_watchdog.evidence.discovery import Scope, discover

@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from areal_watchdog.diagnose.server_calls import AWAITED_MIN_S, awaited_server
-from areal_watchdog.evidence.server_calls import (
+from areal_watchdog.diagnose.rollout_rules.server_calls import AWAITED_MIN_S, awaited_server
+from areal_watchdog.evidence.rollout_side.server_calls import (
     ServerCall,
     parse_server_calls,
     read_server_calls,

@@ -14,10 +14,10 @@ import pytest
 from areal_watchdog.cli import main
 from areal_watchdog.common.errors import ConfigError
 from areal_watchdog.common.rankset import format_ranks
-from areal_watchdog.common.redact import Redactor
+from areal_watchdog.common.secrets.redact import Redactor
 from areal_watchdog.config.load import load_config
 from areal_watchdog.config.sinks import SinkSpec, resolve
-from areal_watchdog.doctor.sinks import check_sink
+from areal_watchdog.doctor.checks.sinks import check_sink
 from areal_watchdog.notify.delivery import deliver, delivery_id, flush, send
 from areal_watchdog.notify.notifier import Notifier, render
 from areal_watchdog.notify.sinks.registry import parse

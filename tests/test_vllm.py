@@ -24,7 +24,7 @@ import pytest
 from recording import record_evidence
 from test_rollout_hangs import CONFIG, FAST
 
-from areal_watchdog.evidence.servers import probe
+from areal_watchdog.evidence.rollout_side.servers import probe
 from testkit.launcher import Launcher, LaunchResult
 from testkit.ports import free_port_pair
 from testkit.reports import read_reports, suspected_looks

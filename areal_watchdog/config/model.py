@@ -48,8 +48,8 @@ SLURM_KEYS = {
 
 class HangAction(Choice):
     """What the watchdog does about a hang (``watchdog.on_hang``, report.json's ``action``, the
-    sidecar's ``rundir.hang_request``). Defined with the config that names it; the records
-    below it in the layers (rundir) take it from here."""
+    sidecar's ``rundir.sidecar_files.hang_request``). Defined with the config that names it; the
+    records below it in the layers (rundir) take it from here."""
 
     REPORT = "report"  # post the report; the job runs on
     CANCEL = "cancel"  # post it and end the job

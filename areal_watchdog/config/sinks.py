@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from areal_watchdog.common.plain_record import PlainRecord
+from areal_watchdog.common.json_dataclass import PlainRecord
 from areal_watchdog.config.checks import Checker, default
 
 COMMON_KEYS = ("type", "name", "timeout", "max_attempts", "backoff")

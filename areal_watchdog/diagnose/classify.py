@@ -12,14 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from areal_watchdog.common.rankset import ranks_phrase
-from areal_watchdog.diagnose.activity import describe
-from areal_watchdog.diagnose.children import children_note
-from areal_watchdog.diagnose.collectives import analyse
+from areal_watchdog.diagnose.collective_traces.collectives import analyse
+from areal_watchdog.diagnose.collective_traces.dumps_only import record_finding
 from areal_watchdog.diagnose.kinds import CATEGORIES, names
-from areal_watchdog.diagnose.log_flood import flood_note
-from areal_watchdog.diagnose.record import record_finding
-from areal_watchdog.diagnose.rollout import RolloutFinding, rollout_finding
-from areal_watchdog.diagnose.rules import decide
+from areal_watchdog.diagnose.one_process.activity import describe
+from areal_watchdog.diagnose.one_process.children import children_note
+from areal_watchdog.diagnose.one_process.log_flood import flood_note
+from areal_watchdog.diagnose.patterns.rules import decide
+from areal_watchdog.diagnose.rollout_rules.rollout import RolloutFinding, rollout_finding
 from areal_watchdog.diagnose.verdict import Activity, StackGroup, Verdict
 from areal_watchdog.evidence.model import EXITED, Evidence, RankEvidence
 

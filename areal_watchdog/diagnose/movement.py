@@ -18,10 +18,11 @@ the job, the leader looks again a few seconds later and compares:
 - work an inference server did: tokens generated or requests completed (vLLM's and SGLang's
   counters), however full its queue;
 - a process that read or wrote real data between the looks (its own counters: bytes through
-  its read and write calls, or to and from storage, above ``evidence.counters.IO_FLOOR`` in
-  more than half of the sidecar's poll windows since the first look, so that the one window in
-  which a look's own dumps were written never counts): a checkpoint written in one function,
-  a dataset read; or over TCP (``evidence.sockets``: an upload);
+  its read and write calls, or to and from storage, above
+  ``evidence.kernel_readings.counters.IO_FLOOR`` in more than half of the sidecar's poll windows
+  since the first look, so that the one window in which a look's own dumps were written never
+  counts): a checkpoint written in one function, a dataset read; or over TCP
+  (``evidence.kernel_readings.sockets``: an upload);
 - a GPU that worked since the first look (utilisation above the idle level at a power above the
   spin fraction, ``evidence.gpu``), matched to its ranks by process: a silent evaluation on the
   GPU is busy, not hung. A NCCL wait spins at low power and is no movement.
@@ -40,11 +41,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from areal_watchdog.common.rankset import ranks_phrase
-from areal_watchdog.diagnose.activity import ROLLOUT_CALLS, work_thread
-from areal_watchdog.diagnose.frames import bare
-from areal_watchdog.evidence.counters import real_data
+from areal_watchdog.diagnose.one_process.activity import ROLLOUT_CALLS, work_thread
+from areal_watchdog.diagnose.one_process.frames import bare
+from areal_watchdog.evidence.kernel_readings.counters import real_data
+from areal_watchdog.evidence.kernel_readings.process_movement import IoWindow
 from areal_watchdog.evidence.model import BLOCKED, RUNNING, Evidence, RankEvidence
-from areal_watchdog.evidence.process_movement import IoWindow
 
 # Causes whose processes keep moving while nothing progresses.
 RETRY_LOOPS = frozenset({"workflow_failing"})

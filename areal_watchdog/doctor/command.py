@@ -15,8 +15,8 @@ from areal_watchdog.config.debug_env import DEFAULT_DEBUG_ENV
 from areal_watchdog.config.load import load_config
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.doctor import slurm
-from areal_watchdog.doctor.clients import check_ray, check_slurm
-from areal_watchdog.doctor.filesystem import existing_ancestor
+from areal_watchdog.doctor.checks.clients import check_ray, check_slurm
+from areal_watchdog.doctor.checks.filesystem import existing_ancestor
 from areal_watchdog.doctor.model import PASS, Check, NodeSpec, failed
 from areal_watchdog.doctor.node import run_node
 from areal_watchdog.doctor.render import merge, render

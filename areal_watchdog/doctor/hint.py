@@ -8,9 +8,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from areal_watchdog.config.model import JobConfig
-from areal_watchdog.doctor.filesystem import existing_ancestor, kind_of, mount_type, parse_mounts
+from areal_watchdog.doctor.checks.filesystem import (
+    existing_ancestor,
+    kind_of,
+    mount_type,
+    parse_mounts,
+)
+from areal_watchdog.doctor.checks.ptrace import read_policy
 from areal_watchdog.doctor.model import FAIL
-from areal_watchdog.doctor.ptrace import read_policy
 from areal_watchdog.evidence.pyspy import pyspy_executable
 from areal_watchdog.launch.plan import LaunchPlan
 

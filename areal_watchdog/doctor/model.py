@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from areal_watchdog.common.plain_record import PlainRecord
+from areal_watchdog.common.json_dataclass import PlainRecord
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 STATUSES = (PASS, WARN, FAIL)

@@ -12,13 +12,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from areal_watchdog.doctor.areal_hooks import check_areal
-from areal_watchdog.doctor.filesystem import check_filesystem
-from areal_watchdog.doctor.flight_recorder import check_flight_recorder
-from areal_watchdog.doctor.gpus import check_gpus
+from areal_watchdog.doctor.checks.areal_hooks import check_areal
+from areal_watchdog.doctor.checks.filesystem import check_filesystem
+from areal_watchdog.doctor.checks.flight_recorder import check_flight_recorder
+from areal_watchdog.doctor.checks.gpus import check_gpus
+from areal_watchdog.doctor.checks.ptrace import check_attach, check_pyspy, read_policy
+from areal_watchdog.doctor.checks.sinks import check_sinks
 from areal_watchdog.doctor.model import FAIL, Check, NodeReport, NodeSpec
-from areal_watchdog.doctor.ptrace import check_attach, check_pyspy, read_policy
-from areal_watchdog.doctor.sinks import check_sinks
 
 MARKER = "AREAL_DOCTOR_REPORT "
 

@@ -17,8 +17,8 @@ import psutil
 
 from areal_watchdog.common.atomic import mtime, read_json
 from areal_watchdog.evidence.discovery import JobProcess
-from areal_watchdog.evidence.faulthandler import dump_cooperative
-from areal_watchdog.evidence.kernel_wait import main_wait
+from areal_watchdog.evidence.kernel_readings.kernel_wait import main_wait
+from areal_watchdog.evidence.listeners.faulthandler import dump_cooperative
 from areal_watchdog.evidence.model import (
     BLOCKED,
     EXITED,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, is_dataclass
 from typing import Any
 
-from areal_watchdog.evidence.process_movement import ProcessMovement
+from areal_watchdog.evidence.kernel_readings.process_movement import ProcessMovement
 
 # Rank states.
 BLOCKED = "blocked"  # alive, stack taken, CPU time not moving
@@ -87,7 +87,7 @@ class RankEvidence:
     cwd: str | None = None  # its working directory: user files are shown relative to it
     parent_pid: int | None = None  # a helper process: the job's process that started it
     # what the kernel says it waits on: its main thread, then any other thread in D state
-    # (evidence.kernel_wait), read for a live process at the look
+    # (evidence.kernel_readings.kernel_wait), read for a live process at the look
     kernel_waits: list[dict[str, Any]] = field(default_factory=list)
     children: list[dict[str, Any]] = field(default_factory=list)  # evidence.process_tree
 

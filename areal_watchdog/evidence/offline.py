@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from areal_watchdog.common.errors import UserError
-from areal_watchdog.evidence.flight_recorder import parse_trace, strip
+from areal_watchdog.evidence.listeners.flight_recorder import parse_trace, strip
 from areal_watchdog.evidence.model import Evidence
 from areal_watchdog.rundir.secure import check_ancestors
 

@@ -18,8 +18,13 @@ from typing import Any
 
 import psutil
 
-from areal_watchdog.evidence.counters import CHILDREN_CPU_FLOOR, Counters, rates, read_counters
-from areal_watchdog.evidence.kernel_wait import kernel_waits
+from areal_watchdog.evidence.kernel_readings.counters import (
+    CHILDREN_CPU_FLOOR,
+    Counters,
+    rates,
+    read_counters,
+)
+from areal_watchdog.evidence.kernel_readings.kernel_wait import kernel_waits
 from areal_watchdog.evidence.pyspy import StackError, dump_pyspy
 
 MAX_DESCENDANTS = 64  # per process: a fork bomb is no reason to read a thousand /proc entries

@@ -11,9 +11,9 @@ from typing import Any
 import yaml
 
 from areal_watchdog.common.atomic import write_text_atomic
-from areal_watchdog.common.mask import ENV_MASKED
-from areal_watchdog.common.redact import REDACTED, SECRET_NAME, Redactor
 from areal_watchdog.common.roles import SIDECAR_MODULE
+from areal_watchdog.common.secrets.mask import ENV_MASKED
+from areal_watchdog.common.secrets.redact import REDACTED, SECRET_NAME, Redactor
 from areal_watchdog.config.debug_env import render_debug_env
 from areal_watchdog.config.entrypoint import resolve_entrypoint
 from areal_watchdog.config.model import JobConfig

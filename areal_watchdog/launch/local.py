@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import TextIO
 
 from areal_watchdog.common.atomic import open_append, read_json, write_json_atomic
-from areal_watchdog.common.mask import Mask
-from areal_watchdog.common.ports import free_port
+from areal_watchdog.common.interprocess.ports import free_port
+from areal_watchdog.common.secrets.mask import Mask
 from areal_watchdog.config.entrypoint import launch_mode
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.areal import ArealJob, plan_areal
@@ -48,11 +48,11 @@ from areal_watchdog.launch.processes import (
 from areal_watchdog.launch.recovery import Recovery
 from areal_watchdog.launch.run_handle import KnownByRunDir
 from areal_watchdog.launch.torchrun import standalone, torchrun_command
-from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.job_mask import job_mask
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_CANCEL_FD, ENV_NODE, RunLayout, node_of
 from areal_watchdog.rundir.run_processes import kill_run_processes
+from areal_watchdog.rundir.sidecar_files.hang_request import HangRequest
 
 # Seconds from the job's end to the launcher's return: the sidecar's last word (a failure's
 # report) comes within them, and what it still draws or sends goes on in its late finish.

@@ -10,7 +10,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_watchdog.common.redact import Redactor
+from areal_watchdog.common.secrets.redact import Redactor
 
 
 @dataclass(frozen=True)

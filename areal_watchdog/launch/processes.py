@@ -18,9 +18,9 @@ from typing import Any, TextIO
 
 import psutil
 
-from areal_watchdog.common.mask import Mask
-from areal_watchdog.common.parent import die_with_parent
-from areal_watchdog.evidence.kernel_wait import main_wait
+from areal_watchdog.common.interprocess.parent import die_with_parent
+from areal_watchdog.common.secrets.mask import Mask
+from areal_watchdog.evidence.kernel_readings.kernel_wait import main_wait
 from areal_watchdog.launch.plan import ProcessSpec
 from areal_watchdog.rundir.run_processes import kill_run_processes, run_processes
 
@@ -98,7 +98,7 @@ def blocked_in_kernel(run_id: str) -> set[int]:
 
 
 class OutputPump:
-    """Copies the job's output, each line masked (``common.mask``), to the terminal and to a
+    """Copies the job's output, each line masked (``common.secrets.mask``), to the terminal and to a
     log; ``mute`` keeps only the log (after a cancel, torchrun's own traceback about the signal
     is noise on the terminal)."""
 

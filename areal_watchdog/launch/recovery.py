@@ -7,7 +7,7 @@ overrides what it does differently (Slurm: ``launch.slurm.recovery``)."""
 from __future__ import annotations
 
 from areal_watchdog.config.model import JobConfig
-from areal_watchdog.trajectory.replay_plan import ReplayHost
+from areal_watchdog.trajectory.replay.replay_plan import ReplayHost
 
 
 class Recovery:

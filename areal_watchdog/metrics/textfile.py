@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from areal_watchdog.common.atomic import write_text_atomic
-from areal_watchdog.rundir.metrics_endpoint import READABLE, node_file_stem
+from areal_watchdog.rundir.sidecar_files.metrics_endpoint import READABLE, node_file_stem
 
 
 def textfile_path(directory: str, run_id: str, node: str) -> Path:

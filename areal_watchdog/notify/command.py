@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from areal_watchdog.common.errors import UserError
-from areal_watchdog.common.redact import Redactor
+from areal_watchdog.common.secrets.redact import Redactor
 from areal_watchdog.config.load import load_config
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.config.sinks import SecretError, SinkSpec, resolve, secret_values

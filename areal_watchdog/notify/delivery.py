@@ -22,7 +22,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-from areal_watchdog.common.redact import Redactor
+from areal_watchdog.common.secrets.redact import Redactor
 from areal_watchdog.config.sinks import ResolvedSink, SecretError, SinkSpec, resolve
 from areal_watchdog.notify.sinks.registry import sink_for
 from areal_watchdog.notify.spool import Spool

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from areal_watchdog.common.redact import Redactor
+from areal_watchdog.common.secrets.redact import Redactor
 from areal_watchdog.config.sinks import SinkSpec, secret_values
 from areal_watchdog.notify.delivery import deliver, delivery_id
 from areal_watchdog.notify.envelope import encode

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from areal_watchdog.common.redact import Redactor
+from areal_watchdog.common.secrets.redact import Redactor
 from areal_watchdog.config.sinks import (
     SinkSpec,
     secret_values,

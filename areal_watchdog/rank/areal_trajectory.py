@@ -20,7 +20,7 @@ inference server is ever started; the actor's ``prepare_batch`` returns the dump
 rank's share in SPMD), and its ``connect_engine`` and ``update_weights`` do nothing. Each batch
 handed over is a heartbeat (a replayed step that hangs is judged by ``stall_timeout``), and the
 replay never writes a recover checkpoint: the one it loaded may be the original run's
-(``trajectory/areal_replay.py``).
+(``trajectory/replay/areal_replay.py``).
 
 The hook checks AReaL's version and the signatures it relies on. A dump switches itself off with
 one warning when they differ, and whatever fails, training goes on unchanged; a replay that
@@ -40,7 +40,7 @@ from typing import Any
 
 from areal_watchdog.common.areal_version import is_known, unknown_note
 from areal_watchdog.rank.after_import import after_import
-from areal_watchdog.rundir.heartbeat import heartbeat
+from areal_watchdog.rundir.progress.heartbeat import heartbeat
 from areal_watchdog.trajectory.format import ENV_DIR, ENV_REPLAY_DIR
 
 TRAINER_MODULE = "areal.trainer.rl_trainer"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from areal_watchdog.common.atomic import open_append
-from areal_watchdog.common.redact import Redactor
+from areal_watchdog.common.secrets.redact import Redactor
 from areal_watchdog.rundir.layout import COOPERATIVE_SIGNAL
 
 _PR_SET_PTRACER = 0x59616D61

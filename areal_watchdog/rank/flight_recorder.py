@@ -1,5 +1,5 @@
 """The rank's side of the Flight Recorder capture: a listener thread that dumps this process's
-trace when the sidecar asks (``evidence.flight_recorder`` asks and collects).
+trace when the sidecar asks (``evidence.listeners.flight_recorder`` asks and collects).
 
 A daemon thread blocks on a per-rank FIFO (``flight_recorder/trigger_rank_<r>``, mode 0600);
 a write wakes it and it writes ``torch._C._distributed_c10d._dump_fr_trace_json()`` to

@@ -14,8 +14,8 @@ preparing what the watchdog needs from inside the rank:
 - the asyncio task listener (``rank.task_listener``): pending coroutines are on no thread's stack;
 - the trajectory dump of AReaL's trainer (``rank.areal_trajectory``), should the script run one,
   and a resumed run's quarantine (``rank.areal_quarantine``);
-- ``sys.stdout`` and ``sys.stderr`` masked (``common.mask``): the secrets the launcher knows never
-  reach torchrun's per-rank logs through the job's own prints.
+- ``sys.stdout`` and ``sys.stderr`` masked (``common.secrets.mask``): the secrets the launcher knows
+  never reach torchrun's per-rank logs through the job's own prints.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from areal_watchdog.common.atomic import write_json_atomic
-from areal_watchdog.common.mask import MaskedStream
+from areal_watchdog.common.secrets.mask import MaskedStream
 from areal_watchdog.rank import areal_quarantine, areal_trajectory, task_listener
 from areal_watchdog.rank.arming import (
     allow_any_tracer,

@@ -24,11 +24,15 @@ from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.local import LocalBackend
 from areal_watchdog.recover.bisect import Bisection, bisect
 from areal_watchdog.recover.policy import Hang
-from areal_watchdog.rundir.incidents import newest_report
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.rundir.sidecar_files.incidents import newest_report
 from areal_watchdog.trajectory.format import ENV_REPLAY_DIR, DumpError, complete_steps
 from areal_watchdog.trajectory.quarantine import QuarantinedRow, add_rows
-from areal_watchdog.trajectory.replay_plan import ReplayHost, ReplayRequest, plan_replay_config
+from areal_watchdog.trajectory.replay.replay_plan import (
+    ReplayHost,
+    ReplayRequest,
+    plan_replay_config,
+)
 
 QUIET = ("++watchdog.on_hang=cancel", "++watchdog.notify=[]")
 

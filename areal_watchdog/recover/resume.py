@@ -30,11 +30,11 @@ from areal_watchdog.recover.notices import send_recovery
 from areal_watchdog.recover.policy import Decision, Hang, decide
 from areal_watchdog.recover.replay_decides import ReplayFinding, replay_decides
 from areal_watchdog.report.build import iso, stamp
-from areal_watchdog.rundir.hang_request import HangRequest
-from areal_watchdog.rundir.incidents import newest_report
 from areal_watchdog.rundir.layout import RunLayout
-from areal_watchdog.trajectory.areal_replay import recover_info_dir, recovered_step
+from areal_watchdog.rundir.sidecar_files.hang_request import HangRequest
+from areal_watchdog.rundir.sidecar_files.incidents import newest_report
 from areal_watchdog.trajectory.quarantine import APPLIED, ENV_QUARANTINE
+from areal_watchdog.trajectory.replay.areal_replay import recover_info_dir, recovered_step
 
 # A hang's record entry as its report's ``recovery`` section shows it (report/schema.json).
 RECOVERY_FIELDS = (

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from areal_watchdog.config.model import HangAction
-from areal_watchdog.diagnose.activity import work_thread
 from areal_watchdog.diagnose.kinds import CATEGORIES, CAUSES
+from areal_watchdog.diagnose.one_process.activity import work_thread
 from areal_watchdog.diagnose.verdict import Activity, Verdict
 from areal_watchdog.evidence.model import EXITED, Evidence, RankEvidence
 from areal_watchdog.evidence.trigger import Trigger

@@ -7,7 +7,7 @@ from typing import Any
 
 from areal_watchdog.common.rankset import format_ranks, worker_label
 from areal_watchdog.diagnose.render import collective_lines
-from areal_watchdog.evidence.kernel_wait import KernelWait
+from areal_watchdog.evidence.kernel_readings.kernel_wait import KernelWait
 from areal_watchdog.report.build import SERVER_FIELDS
 
 

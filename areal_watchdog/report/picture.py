@@ -17,8 +17,8 @@ from typing import Any
 from areal_watchdog.common.atomic import read_json, write_json_atomic, write_text_atomic
 from areal_watchdog.report.markdown import TIMELINE_PENDING
 from areal_watchdog.report.timeline import timeline
-from areal_watchdog.rundir.history import History
 from areal_watchdog.rundir.layout import SUSPECTED
+from areal_watchdog.rundir.progress.history import History
 
 PNG_DPI = 100
 WIDTH_IN = 11.0

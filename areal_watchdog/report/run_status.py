@@ -10,10 +10,10 @@ from typing import Any
 
 from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.rankset import format_ranks
-from areal_watchdog.rundir.late_finish import LateFinish
 from areal_watchdog.rundir.layout import RunLayout
-from areal_watchdog.rundir.node_status import node_statuses
-from areal_watchdog.rundir.pace import Pace, answer
+from areal_watchdog.rundir.progress.pace import Pace, answer
+from areal_watchdog.rundir.sidecar_files.late_finish import LateFinish
+from areal_watchdog.rundir.sidecar_files.node_status import node_statuses
 
 
 def status_lines(run_dir: Path, now: float) -> list[str]:

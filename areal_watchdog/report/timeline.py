@@ -12,7 +12,7 @@ from typing import Any
 
 from areal_watchdog.common.rankset import format_ranks
 from areal_watchdog.report.build import stamp
-from areal_watchdog.rundir.history import History
+from areal_watchdog.rundir.progress.history import History
 
 RANK_ROWS = 64  # more ranks than this: a row per group of ranks that behave alike
 STEPS_SHOWN = 20  # step ends drawn before the stall

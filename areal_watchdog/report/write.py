@@ -19,7 +19,7 @@ from areal_watchdog.common.atomic import (
     write_text_atomic,
     write_text_in_place,
 )
-from areal_watchdog.common.redact import Redactor
+from areal_watchdog.common.secrets.redact import Redactor
 from areal_watchdog.evidence.model import Evidence, RankEvidence
 from areal_watchdog.report.markdown import render_markdown
 

@@ -1,13 +1,13 @@
 """The run's mask: the secrets a run's processes must never print, read from the run's records
 (``launch.json``'s notify sinks) and the environment the launcher gave them (``ENV_MASKED``).
-The mask itself, which knows nothing of runs, is ``common.mask``."""
+The mask itself, which knows nothing of runs, is ``common.secrets.mask``."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
 
-from areal_watchdog.common.mask import ENV_MASKED, Mask
+from areal_watchdog.common.secrets.mask import ENV_MASKED, Mask
 from areal_watchdog.config.sinks import SinkSpec, secret_values
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout

@@ -162,7 +162,8 @@ class RunLayout:
 
     @property
     def metrics_dir(self) -> Path:
-        """One file per node whose sidecar serves metrics over HTTP (``metrics_endpoint.py``)."""
+        """One file per node whose sidecar serves metrics over HTTP
+        (``sidecar_files/metrics_endpoint.py``)."""
         return self.watch_dir / "metrics"
 
     @property
@@ -258,7 +259,7 @@ class RunLayout:
         return self.procs_dir / f"{pid}.role.json"
 
     def heartbeats(self, node: str) -> Path:
-        """One node's heartbeats and pauses (``rundir.beats``)."""
+        """One node's heartbeats and pauses (``rundir.progress.beats``)."""
         return self.heartbeats_dir / node
 
     def node_status(self, node: str) -> Path:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from areal_watchdog.common.rankset import format_ranks
-from areal_watchdog.rundir.heartbeat import heartbeat
+from areal_watchdog.rundir.progress.heartbeat import heartbeat
 from areal_watchdog.trajectory.format import (
     ENV_CONFIG_HASH,
     ENV_REPLAY_DIR,

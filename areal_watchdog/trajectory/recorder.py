@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from areal_watchdog.common.atomic import write_json_atomic
-from areal_watchdog.rundir.heartbeat import heartbeat
+from areal_watchdog.rundir.progress.heartbeat import heartbeat
 from areal_watchdog.trajectory.format import (
     ENV_CONFIG_HASH,
     ENV_DIR,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
-from areal_watchdog.common.parent import die_with_parent
+from areal_watchdog.common.interprocess.parent import die_with_parent
 from areal_watchdog.notify.notifier import Picture
 
 

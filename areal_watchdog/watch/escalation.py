@@ -28,8 +28,8 @@ verdict escalates is declared with its kind (``diagnose.kinds``):
   (a large model's first checkpoint can write for more than 10 minutes). The limit then looks
   again a threshold later, and ends the job the first time nothing moves data, or at
   ``DEFER_CAP_FACTOR`` hard limits whatever moves; a job that only spins is ended at once.
-  What a process writes to its own logs is no data (``evidence.log_writes``): a retry loop
-  that logs every failure is ended at the limit.
+  What a process writes to its own logs is no data (``evidence.kernel_readings.log_writes``): a
+  retry loop that logs every failure is ended at the limit.
 
 ``Escalation`` is a part of the incident desk (``incident``), handed the clock, the settings and
 the desk it asks for looks and reports (``Desk``); the decisions on plain values are the

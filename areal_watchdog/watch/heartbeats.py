@@ -7,8 +7,8 @@ import os
 from dataclasses import dataclass
 
 from areal_watchdog.common.atomic import read_json
-from areal_watchdog.rundir.beats import beat_step
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.rundir.progress.beats import beat_step
 
 
 @dataclass

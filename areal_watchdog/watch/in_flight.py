@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal_watchdog.evidence.in_flight import InFlight, sense
+from areal_watchdog.evidence.listeners.collectives_in_flight import InFlight, sense
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.watch.node import NodeWatch
 

@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 
 from areal_watchdog.common.rankset import culprits_phrase
-from areal_watchdog.common.redact import SECRET_NAME, Redactor
+from areal_watchdog.common.secrets.redact import SECRET_NAME, Redactor
 from areal_watchdog.config.model import HangAction
 from areal_watchdog.diagnose.classify import classify, ended_cleanly
 from areal_watchdog.evidence.gather import GatherSettings
@@ -31,10 +31,10 @@ from areal_watchdog.notify.notifier import Notifier
 from areal_watchdog.report.bound import split_ranks
 from areal_watchdog.report.build import IncidentContext, build_report, new_incident_id
 from areal_watchdog.report.write import prune_oldest, write_incident
-from areal_watchdog.rundir.hang_request import HangRequest
-from areal_watchdog.rundir.history import History
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import INCIDENTS, SUSPECTED
+from areal_watchdog.rundir.progress.history import History
+from areal_watchdog.rundir.sidecar_files.hang_request import HangRequest
 from areal_watchdog.trajectory.format import complete_steps
 from areal_watchdog.watch.coordination import ENDED_STATES, Coordinator
 from areal_watchdog.watch.drawings import Drawings

@@ -14,10 +14,10 @@ from typing import Any
 
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.evidence.trigger import Trigger
-from areal_watchdog.rundir.hang_request import HangRequest
-from areal_watchdog.rundir.late_finish import LateFinish
-from areal_watchdog.rundir.records import read_run_record
+from areal_watchdog.rundir.run_id_check import read_run_record
 from areal_watchdog.rundir.run_processes import kill_run_processes
+from areal_watchdog.rundir.sidecar_files.hang_request import HangRequest
+from areal_watchdog.rundir.sidecar_files.late_finish import LateFinish
 from areal_watchdog.watch.late_finish import LATE_FINISH_LIMIT_S
 from areal_watchdog.watch.scheduler import end_orphans
 from areal_watchdog.watch.sidecar_shared import Collaborators, JobView

@@ -6,8 +6,8 @@ picture or a slow channel.
 [--upload INCIDENT_DIR]``
 
 Started detached by the sidecar (``job_end.JobEnd.wind_down``), which records it first
-(``rundir/late_finish.py``). It sends the spooled notifications (reports first: a picture goes
-into the thread a report started), draws the timelines, uploads them, and ends by
+(``rundir/sidecar_files/late_finish.py``). It sends the spooled notifications (reports first: a
+picture goes into the thread a report started), draws the timelines, uploads them, and ends by
 ``LATE_FINISH_LIMIT_S`` whatever is left: what was not sent stays in the spool, retried by any
 later ``areal-launch`` command on the run. Its lines go to the node's sidecar log.
 """
@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from areal_watchdog.common.atomic import open_append
-from areal_watchdog.common.redact import Redactor
+from areal_watchdog.common.secrets.redact import Redactor
 from areal_watchdog.config.sinks import SinkSpec
 from areal_watchdog.notify.notifier import Picture, deliver_spooled, upload_picture
 from areal_watchdog.notify.spool import Spool
 from areal_watchdog.report import picture
-from areal_watchdog.rundir.late_finish import LateFinish
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.rundir.sidecar_files.late_finish import LateFinish
 
 LATE_FINISH_LIMIT_S = 120.0  # a slow channel's retries and a drawing on a loaded machine
 RECORD_WAIT_S = 5.0  # for the sidecar's record of this process, written just after its start

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from areal_watchdog.rundir.launch_info import LaunchInfo
-from areal_watchdog.rundir.records import read_run_record
+from areal_watchdog.rundir.run_id_check import read_run_record
 from areal_watchdog.watch.sidecar_shared import JobView
 
 LAUNCHER_SILENCE_S = 15.0  # a heartbeat older than this: the launcher is gone

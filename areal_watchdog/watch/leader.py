@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from areal_watchdog.diagnose.server_calls import AwaitedServer
+from areal_watchdog.diagnose.rollout_rules.server_calls import AwaitedServer
 from areal_watchdog.evidence.trigger import SILENCES, Trigger
 from areal_watchdog.watch.coordination import ENDED_STATES
 from areal_watchdog.watch.in_flight import Reading, stuck_for

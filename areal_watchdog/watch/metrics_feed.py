@@ -16,7 +16,11 @@ from areal_watchdog.metrics.http_endpoint import HttpEndpoint
 from areal_watchdog.metrics.snapshot import JobMetrics, MetricsSnapshot, NodeMetrics
 from areal_watchdog.metrics.textfile import TextfileWriter, textfile_path
 from areal_watchdog.rundir.launch_info import LaunchInfo
-from areal_watchdog.rundir.metrics_endpoint import MetricsEndpoint, remove_endpoint, write_endpoint
+from areal_watchdog.rundir.sidecar_files.metrics_endpoint import (
+    MetricsEndpoint,
+    remove_endpoint,
+    write_endpoint,
+)
 from areal_watchdog.watch.node import NodeWatch
 from areal_watchdog.watch.sidecar_shared import Collaborators
 

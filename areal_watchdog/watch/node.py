@@ -12,9 +12,7 @@ from typing import Any
 
 import psutil
 
-from areal_watchdog.evidence.counters import Counters, rates, read_counters
 from areal_watchdog.evidence.discovery import JobProcess, Scope, discover, helpers
-from areal_watchdog.evidence.flight_recorder import collect
 from areal_watchdog.evidence.gather import (
     BUSY_CPU,
     GatherSettings,
@@ -23,13 +21,15 @@ from areal_watchdog.evidence.gather import (
     gather_workers,
 )
 from areal_watchdog.evidence.gpu import GpuBackend, IdleTracker, NoGpu
-from areal_watchdog.evidence.kernel_wait import WAIT_CALLS, kernel_waits, main_wait
-from areal_watchdog.evidence.log_writes import LogMeter
+from areal_watchdog.evidence.kernel_readings.counters import Counters, rates, read_counters
+from areal_watchdog.evidence.kernel_readings.kernel_wait import WAIT_CALLS, kernel_waits, main_wait
+from areal_watchdog.evidence.kernel_readings.log_writes import LogMeter
+from areal_watchdog.evidence.kernel_readings.process_movement import IoWindow, ProcessMovement
+from areal_watchdog.evidence.kernel_readings.sockets import tcp_bytes
+from areal_watchdog.evidence.listeners.flight_recorder import collect
 from areal_watchdog.evidence.model import BLOCKED, RUNNING, RankEvidence
-from areal_watchdog.evidence.process_movement import IoWindow, ProcessMovement
 from areal_watchdog.evidence.process_tree import TreeMeter, TreeRates, describe_children
-from areal_watchdog.evidence.rollout import gather_rollout
-from areal_watchdog.evidence.sockets import tcp_bytes
+from areal_watchdog.evidence.rollout_side.rollout import gather_rollout
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.watch.server_pulse import ServerPulse
 
@@ -248,7 +248,7 @@ class NodeWatch:
     def in_kernel_since(self) -> dict[int, float]:
         """The live ranks blocked in the kernel (D, or asleep in a file operation) at every
         poll with nothing moving, and since when (storage that does not answer:
-        ``diagnose.storage``)."""
+        ``diagnose.patterns.storage``)."""
         return {r: w.kernel_since for r, w in self.live.items() if w.kernel_since is not None}
 
     def ranks_at_work(self) -> list[int]:

@@ -4,7 +4,7 @@ A part of the sidecar, handed what it reads (``sidecar_shared``)."""
 
 from __future__ import annotations
 
-from areal_watchdog.rundir.beats import beats_node
+from areal_watchdog.rundir.progress.beats import beats_node
 from areal_watchdog.watch.heartbeats import read_heartbeats
 from areal_watchdog.watch.sidecar_shared import Collaborators, JobView
 from areal_watchdog.watch.step_log import LINE_BUDGET_S, StepLogTail

@@ -1,8 +1,8 @@
 """The rollout side's sensor between looks: while the job is silent, this node's processes'
-connections to its inference servers are read each poll (``evidence.server_calls``), and a
-server that keeps a call waiting far longer than the same call took elsewhere or before
-(``diagnose.server_calls``) is published in the node status, for the leader to look at once
-(trigger ``server_call_awaited``), warm-up or not. The look's evidence decides, as any look's
+connections to its inference servers are read each poll (``evidence.rollout_side.server_calls``),
+and a server that keeps a call waiting far longer than the same call took elsewhere or before
+(``diagnose.rollout_rules.server_calls``) is published in the node status, for the leader to look at
+once (trigger ``server_call_awaited``), warm-up or not. The look's evidence decides, as any look's
 does: the sensor costs no false alarm, only a look.
 
 An answer seen at one poll is remembered for a while: a client that closes its connection once
@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from areal_watchdog.diagnose.server_calls import AwaitedServer, awaited_server
-from areal_watchdog.evidence.server_calls import ServerCall, read_server_calls
+from areal_watchdog.diagnose.rollout_rules.server_calls import AwaitedServer, awaited_server
+from areal_watchdog.evidence.rollout_side.server_calls import ServerCall, read_server_calls
 from areal_watchdog.watch.in_flight import SENSE_AFTER_MIN
 from areal_watchdog.watch.node import NodeWatch
 

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from areal_watchdog.evidence.servers import probe_all
+from areal_watchdog.evidence.rollout_side.servers import probe_all
 
 PULSE_PERIOD_S = 5.0  # between two probes of the same server
 PROBE_TIMEOUT_S = 2.0

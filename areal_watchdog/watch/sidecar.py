@@ -23,14 +23,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from areal_watchdog.common.redact import Redactor
+from areal_watchdog.common.secrets.redact import Redactor
 from areal_watchdog.config.sinks import SinkSpec
 from areal_watchdog.evidence.discovery import Scope
 from areal_watchdog.evidence.gpu import GpuBackend, IdleTracker, NoGpu, open_backend
 from areal_watchdog.notify.notifier import Notifier
-from areal_watchdog.rundir.history import History
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_RAYLET
+from areal_watchdog.rundir.progress.history import History
 from areal_watchdog.rundir.secure import run_dir_owner
 from areal_watchdog.watch.coordination import Coordinator
 from areal_watchdog.watch.drawings import Drawings

@@ -8,7 +8,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from areal_watchdog.rundir.pace import interval_summary
+from areal_watchdog.rundir.progress.pace import interval_summary
 
 LEARNED_FACTOR = 1.5  # a silence shorter than this many of the longest step seen is no stall
 WARMUP_INTERVALS = 3  # step intervals seen before the threshold follows their distribution

@@ -7,7 +7,7 @@ import fcntl
 import os
 import sys
 
-from areal_watchdog.common.parent import die_with_parent
+from areal_watchdog.common.interprocess.parent import die_with_parent
 from areal_watchdog.rundir.layout import RunLayout
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from areal_watchdog.rundir.pace import Pace
+from areal_watchdog.rundir.progress.pace import Pace
 from areal_watchdog.watch.sidecar_shared import Collaborators, JobView
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from areal_watchdog.diagnose.storage import BLOCKED_IN_KERNEL_S
+from areal_watchdog.diagnose.patterns.storage import BLOCKED_IN_KERNEL_S
 from areal_watchdog.evidence.trigger import Trigger
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from areal_watchdog.common.atomic import open_append
-from areal_watchdog.common.redact import Redactor
+from areal_watchdog.common.secrets.redact import Redactor
 
 
 class Voice:

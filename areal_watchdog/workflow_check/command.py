@@ -29,7 +29,7 @@ from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.job import stored_config
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.rundir.secure import ensure_run_dir
-from areal_watchdog.trajectory.replay_plan import dump_dir
+from areal_watchdog.trajectory.replay.replay_plan import dump_dir
 from areal_watchdog.workflow_check.model import CheckResult
 from areal_watchdog.workflow_check.probe import MARK
 from areal_watchdog.workflow_check.render import render

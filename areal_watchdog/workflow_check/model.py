@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from areal_watchdog.common.plain_record import PlainRecord
+from areal_watchdog.common.json_dataclass import PlainRecord
 
 
 @dataclass(frozen=True)

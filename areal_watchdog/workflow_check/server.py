@@ -16,11 +16,11 @@ from typing import Any
 
 from areal_watchdog.common.atomic import open_append
 from areal_watchdog.common.errors import UserError
-from areal_watchdog.common.http import server_address
-from areal_watchdog.common.parent import die_with_parent
-from areal_watchdog.common.ports import free_port
+from areal_watchdog.common.interprocess.http import server_address
+from areal_watchdog.common.interprocess.parent import die_with_parent
+from areal_watchdog.common.interprocess.ports import free_port
 from areal_watchdog.config.model import JobConfig
-from areal_watchdog.evidence.servers import probe
+from areal_watchdog.evidence.rollout_side.servers import probe
 
 START_TIMEOUT = 900.0  # seconds: vLLM's start on a busy CPU took 60-90 s, a large model more
 PROGRESS_EVERY = 15.0

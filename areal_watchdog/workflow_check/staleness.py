@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from areal_watchdog.common.plain_record import PlainRecord
+from areal_watchdog.common.json_dataclass import PlainRecord
 
 
 @dataclass(frozen=True)

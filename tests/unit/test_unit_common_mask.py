@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from areal_watchdog.common.mask import MASK, Mask, MaskedStream
+from areal_watchdog.common.secrets.mask import MASK, Mask, MaskedStream
 
 
 def test_each_known_value_is_masked_the_longest_first() -> None:

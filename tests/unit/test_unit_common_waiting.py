@@ -12,8 +12,8 @@ import time
 import psutil
 import pytest
 
-from areal_watchdog.common import backoff
-from areal_watchdog.common.backoff import looks
+from areal_watchdog.common.interprocess import backoff
+from areal_watchdog.common.interprocess.backoff import looks
 
 
 class FakeTime:
@@ -46,7 +46,7 @@ def test_no_look_when_there_is_nothing_to_wait_for(monkeypatch: pytest.MonkeyPat
 
 MIDDLE = """
 import subprocess, sys, time
-from areal_watchdog.common.parent import die_with_parent
+from areal_watchdog.common.interprocess.parent import die_with_parent
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
                          preexec_fn=die_with_parent)
 print(child.pid, flush=True)

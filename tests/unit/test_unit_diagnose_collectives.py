@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from areal_watchdog.diagnose.collectives import analyse
-from areal_watchdog.diagnose.record import record_finding
-from areal_watchdog.evidence.flight_recorder import parse_trace
+from areal_watchdog.diagnose.collective_traces.collectives import analyse
+from areal_watchdog.diagnose.collective_traces.dumps_only import record_finding
+from areal_watchdog.evidence.listeners.flight_recorder import parse_trace
 
 DUMPS = Path(__file__).resolve().parents[1] / "data" / "flight_recorder"
 TRUTH: dict[str, dict[str, Any]] = json.loads((DUMPS / "truth.json").read_text())

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from areal_watchdog.diagnose.frames import display_path, is_areal, is_distributed, is_library
+from areal_watchdog.diagnose.one_process.frames import (
+    display_path,
+    is_areal,
+    is_distributed,
+    is_library,
+)
 from areal_watchdog.diagnose.phrases import all_ranks, count, is_are, noun, verb
 from areal_watchdog.evidence.model import Frame
 

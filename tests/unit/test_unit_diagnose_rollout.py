@@ -10,9 +10,14 @@ from typing import Any
 
 import pytest
 
-from areal_watchdog.diagnose.rollout import REJECTIONS_FOR_FAILING, rollout_finding
-from areal_watchdog.diagnose.rollout_evidence import RolloutFinding, first, links, names
-from areal_watchdog.diagnose.weight_sync import in_weight_update
+from areal_watchdog.diagnose.rollout_rules.rollout import REJECTIONS_FOR_FAILING, rollout_finding
+from areal_watchdog.diagnose.rollout_rules.rollout_evidence import (
+    RolloutFinding,
+    first,
+    links,
+    names,
+)
+from areal_watchdog.diagnose.rollout_rules.weight_sync import in_weight_update
 from areal_watchdog.evidence.model import Evidence, Frame, RankEvidence, ThreadStack
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -1,10 +1,10 @@
-"""The hang patterns (``diagnose.rules.decide``) on ranks already reduced to what they do: which
-rule wins when several could, which ranks are named, the confidence and the sentence users
+"""The hang patterns (``diagnose.patterns.rules.decide``) on ranks already reduced to what they do:
+which rule wins when several could, which ranks are named, the confidence and the sentence users
 read. The activities are written by hand, so each test reads as the scene it describes."""
 
 from __future__ import annotations
 
-from areal_watchdog.diagnose.rules import decide
+from areal_watchdog.diagnose.patterns.rules import decide
 from areal_watchdog.diagnose.verdict import Activity, Verdict, culprit_entry
 from areal_watchdog.evidence.model import (
     BLOCKED,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_watchdog.evidence.faulthandler import dump_cooperative, parse_faulthandler
+from areal_watchdog.evidence.listeners.faulthandler import dump_cooperative, parse_faulthandler
 from areal_watchdog.evidence.pyspy import StackError
 
 # A worker thread parked in worker_wait(); the main thread dumps from inner() <- outer().

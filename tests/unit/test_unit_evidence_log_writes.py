@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from areal_watchdog.diagnose.log_flood import repeated_line
-from areal_watchdog.evidence.log_writes import LogMeter
+from areal_watchdog.diagnose.one_process.log_flood import repeated_line
+from areal_watchdog.evidence.kernel_readings.log_writes import LogMeter
 
 WRITER = """
 import os, sys, time

@@ -12,7 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from areal_watchdog.evidence.tasks import collect
+from areal_watchdog.evidence.listeners.tasks import collect
 from areal_watchdog.rundir.layout import RunLayout
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ from areal_watchdog.config.model import HangAction
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.local import _LocalRun
 from areal_watchdog.launch.plan import LaunchPlan, ProcessSpec
-from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.rundir.sidecar_files.hang_request import HangRequest
 
 REPORT = {"category": "rank_crashed", "summary": "The controller failed: raised EngineCallError"}
 

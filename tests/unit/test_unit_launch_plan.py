@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from areal_watchdog.common.errors import UserError
-from areal_watchdog.common.mask import Mask
-from areal_watchdog.common.redact import REDACTED
+from areal_watchdog.common.secrets.mask import Mask
+from areal_watchdog.common.secrets.redact import REDACTED
 from areal_watchdog.config.load import load_config
 from areal_watchdog.launch.backend import BACKENDS, backend_class, backend_names
 from areal_watchdog.launch.gate import pass_gate, registered

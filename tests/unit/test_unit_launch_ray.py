@@ -25,8 +25,8 @@ from areal_watchdog.launch.ray.jobs import job_returncode
 from areal_watchdog.launch.ray.run import LogTails, RayRun
 from areal_watchdog.launch.ray.submission import RaySubmission
 from areal_watchdog.recover.checks import check_resumable
-from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.layout import ENV_RUN_ID, RunLayout
+from areal_watchdog.rundir.sidecar_files.hang_request import HangRequest
 from conftest import REPO, sleeper
 
 AREAL = REPO / "examples" / "areal" / "gsm8k_grpo.yaml"

@@ -17,7 +17,7 @@ from areal_watchdog.metrics.http_endpoint import HttpEndpoint
 from areal_watchdog.metrics.snapshot import JobMetrics, MetricsSnapshot, NodeMetrics
 from areal_watchdog.metrics.textfile import remove_textfile, textfile_path, write_textfile
 from areal_watchdog.rundir.layout import RunLayout
-from areal_watchdog.rundir.metrics_endpoint import (
+from areal_watchdog.rundir.sidecar_files.metrics_endpoint import (
     MetricsEndpoint,
     read_endpoints,
     remove_endpoint,

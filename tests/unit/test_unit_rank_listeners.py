@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from areal_watchdog.evidence import flight_recorder
+from areal_watchdog.evidence.listeners import flight_recorder
 from areal_watchdog.rank import task_listener
 from areal_watchdog.rank.flight_recorder import start_listener
 from areal_watchdog.rundir.layout import RunLayout

@@ -16,7 +16,7 @@ from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.recover.policy import Hang, decide
 from areal_watchdog.recover.replay_decides import NO_TOKENIZER, replay_decides, tokenizer_of
 from areal_watchdog.rundir.layout import RunLayout
-from areal_watchdog.trajectory.replay_plan import ReplayRequest
+from areal_watchdog.trajectory.replay.replay_plan import ReplayRequest
 from testkit.launcher import DEMO_CONFIG
 
 SITE = "at train.py:90 in announce_metrics()"

@@ -17,8 +17,8 @@ from areal_watchdog.launch.plan import LaunchPlan, ProcessSpec
 from areal_watchdog.launch.recovery import Recovery
 from areal_watchdog.recover.checks import ENV_ATTEMPT, ENV_LAST_STEP
 from areal_watchdog.recover.resume import recovery_lines, recovery_markdown, run_resuming
-from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.rundir.sidecar_files.hang_request import HangRequest
 from testkit.launcher import DEMO_CONFIG
 
 SITE = "at train.py:90 in announce_metrics()"

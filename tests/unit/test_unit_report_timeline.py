@@ -15,7 +15,7 @@ from areal_watchdog.evidence.gpu import GpuSample
 from areal_watchdog.report.markdown import TIMELINE_PENDING
 from areal_watchdog.report.picture import main as picture_main
 from areal_watchdog.report.timeline import timeline
-from areal_watchdog.rundir.history import (
+from areal_watchdog.rundir.progress.history import (
     GPU_SAMPLES_KEPT,
     NODE_LANES,
     NODE_SAMPLES_KEPT,

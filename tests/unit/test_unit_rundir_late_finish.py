@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from areal_watchdog.report.run_status import status_lines
-from areal_watchdog.rundir.late_finish import LateFinish
 from areal_watchdog.rundir.layout import RunLayout
+from areal_watchdog.rundir.sidecar_files.late_finish import LateFinish
 
 
 def record(now: float, **kw: object) -> LateFinish:

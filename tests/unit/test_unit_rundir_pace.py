@@ -3,7 +3,7 @@ own numbers: the same silence reads differently against different histories and 
 
 from __future__ import annotations
 
-from areal_watchdog.rundir.pace import Pace, answer, interval_summary
+from areal_watchdog.rundir.progress.pace import Pace, answer, interval_summary
 
 STEPS = interval_summary([0.5] * 98 + [0.6, 0.9])
 

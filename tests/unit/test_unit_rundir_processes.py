@@ -11,7 +11,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from areal_watchdog.common.mask import ENV_MASKED
+from areal_watchdog.common.secrets.mask import ENV_MASKED
 from areal_watchdog.config.model import WatchdogSection
 from areal_watchdog.config.sinks import parse_sinks
 from areal_watchdog.rundir.job_mask import job_mask

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from areal_watchdog.rundir.beats import beat_name, beat_step, beats_node, pause_name
-from areal_watchdog.rundir.incidents import newest_report
 from areal_watchdog.rundir.layout import ENV_NODE, RunLayout
-from areal_watchdog.rundir.records import read_run_record
+from areal_watchdog.rundir.progress.beats import beat_name, beat_step, beats_node, pause_name
+from areal_watchdog.rundir.run_id_check import read_run_record
+from areal_watchdog.rundir.sidecar_files.incidents import newest_report
 
 
 def test_a_heartbeat_name_carries_the_step_back_to_its_reader() -> None:

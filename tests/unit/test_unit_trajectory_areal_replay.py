@@ -14,7 +14,7 @@ import pytest
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.config.load import load_config
 from areal_watchdog.config.model import JobConfig
-from areal_watchdog.trajectory.areal_replay import (
+from areal_watchdog.trajectory.replay.areal_replay import (
     areal_replay,
     recover_info_dir,
     recovered_step,

@@ -1,6 +1,6 @@
-"""The rollout-consistency figures and flags (``trajectory.consistency``), and where the weights
-of a version are (``trajectory.recompute.weights_of``), on plain numbers and folders: what the
-table of ``areal-launch check-consistency`` says."""
+"""The rollout-consistency figures and flags (``trajectory.rollout_consistency.consistency``), and
+where the weights of a version are (``trajectory.rollout_consistency.recompute.weights_of``), on
+plain numbers and folders: what the table of ``areal-launch check-consistency`` says."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from areal_watchdog.trajectory.consistency import (
+from areal_watchdog.trajectory.rollout_consistency.consistency import (
     SequenceTokens,
     StepConsistency,
     compare_step,
     histogram,
 )
-from areal_watchdog.trajectory.consistency_plot import LABELS, draw
-from areal_watchdog.trajectory.greedy import dumped_prompts
-from areal_watchdog.trajectory.recompute import weights_of
+from areal_watchdog.trajectory.rollout_consistency.consistency_plot import LABELS, draw
+from areal_watchdog.trajectory.rollout_consistency.greedy import dumped_prompts
+from areal_watchdog.trajectory.rollout_consistency.recompute import weights_of
 
 
 def seq(engine: list[float], trainer: list[float], versions: list[int] | None = None,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from test_triggers import HEALTHY
 
-from areal_watchdog.evidence.in_flight import InFlight
+from areal_watchdog.evidence.listeners.collectives_in_flight import InFlight
 from areal_watchdog.evidence.trigger import Trigger
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.watch.in_flight import IN_FLIGHT_MIN, InFlightSensor, Reading, stuck_for

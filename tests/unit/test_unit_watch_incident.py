@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 
 from areal_watchdog.common.atomic import write_json_atomic
-from areal_watchdog.common.redact import Redactor
+from areal_watchdog.common.secrets.redact import Redactor
 from areal_watchdog.config.model import HangAction, WatchdogSection
 from areal_watchdog.evidence.model import Evidence
 from areal_watchdog.evidence.trigger import Trigger
-from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_CANCEL_FD
+from areal_watchdog.rundir.sidecar_files.hang_request import HangRequest
 from areal_watchdog.watch.coordination import Coordinator
 from areal_watchdog.watch.incident import Incidents, job_secrets, look_outcome
 from areal_watchdog.watch.stall_clock import StallClock

@@ -18,9 +18,9 @@ from typing import Any
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.config.model import GpuSection, HangAction, WatchdogSection
 from areal_watchdog.evidence.trigger import Trigger
-from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_RUN_ID
+from areal_watchdog.rundir.sidecar_files.hang_request import HangRequest
 from areal_watchdog.watch.in_flight import InFlightSensor
 from areal_watchdog.watch.job_end import JobEnd
 from areal_watchdog.watch.leader import Leader

@@ -12,9 +12,9 @@ import pytest
 
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.config.model import GpuSection, WatchdogSection
-from areal_watchdog.rundir.beats import beat_name
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_NODE
+from areal_watchdog.rundir.progress.beats import beat_name
 from areal_watchdog.watch.sidecar import Sidecar
 from areal_watchdog.watch.triggers import Reported
 

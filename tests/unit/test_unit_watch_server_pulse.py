@@ -13,7 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from areal_watchdog.evidence.servers import probe
+from areal_watchdog.evidence.rollout_side.servers import probe
 from areal_watchdog.report.run_status import status_lines
 from areal_watchdog.watch.server_pulse import ServerPulse
 

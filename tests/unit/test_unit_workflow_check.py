@@ -14,7 +14,7 @@ import pytest
 
 from areal_watchdog.cli import main
 from areal_watchdog.config.load import load_config
-from areal_watchdog.trajectory.greedy import GreedyPair
+from areal_watchdog.trajectory.rollout_consistency.greedy import GreedyPair
 from areal_watchdog.workflow_check.model import CheckResult, StageResult
 from areal_watchdog.workflow_check.probe import rewards_called
 from areal_watchdog.workflow_check.render import render

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from areal_watchdog.common.atomic import open_append
 from areal_watchdog.common.errors import UserError
-from areal_watchdog.common.parent import die_with_parent
+from areal_watchdog.common.interprocess.parent import die_with_parent
 from areal_watchdog.config.model import RaySection
 
 LOOPBACK = "127.0.0.1"

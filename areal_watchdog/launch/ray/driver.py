@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 
 from areal_watchdog.common.atomic import open_append, write_json_atomic
-from areal_watchdog.common.mask import Mask
+from areal_watchdog.common.secrets.mask import Mask
 from areal_watchdog.launch.ray.sidecars import NAMESPACE, RayNode, live_nodes, place_sidecars
 from areal_watchdog.rundir.job_mask import job_mask
 from areal_watchdog.rundir.launch_info import LaunchInfo

@@ -32,10 +32,10 @@ from areal_watchdog.launch.ray.jobs import (
     job_returncode,
 )
 from areal_watchdog.launch.ray.submission import RaySubmission
-from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
-from areal_watchdog.rundir.records import read_run_record
+from areal_watchdog.rundir.run_id_check import read_run_record
+from areal_watchdog.rundir.sidecar_files.hang_request import HangRequest
 
 HEARTBEAT_S = 1.0
 POLL_S = 0.5

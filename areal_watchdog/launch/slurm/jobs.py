@@ -17,9 +17,9 @@ from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.rankset import format_ranks
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.slurm.same_allocation import attempt_ended
-from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.rundir.secure import check_run_dir
+from areal_watchdog.rundir.sidecar_files.hang_request import HangRequest
 
 JOB_ID = re.compile(r"[0-9]{1,12}(?:_[0-9]{1,9})?(?:\+[0-9]{1,6})?")
 ACTIVE_STATES = (

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from areal_watchdog.common.atomic import read_json, write_json_atomic
-from areal_watchdog.rundir.hang_request import HangRequest
 from areal_watchdog.rundir.layout import ENV_RUN_ID, RunLayout
+from areal_watchdog.rundir.sidecar_files.hang_request import HangRequest
 
 ENV_PREFIX = "AREAL_WATCHDOG_"
 DECISION_TIMEOUT = 3600.0  # seconds the allocation waits for a launcher that says nothing

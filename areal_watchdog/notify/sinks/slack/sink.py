@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from areal_watchdog.common.redact import Redactor
+from areal_watchdog.common.secrets.redact import Redactor
 from areal_watchdog.config.sinks import ResolvedSink
 from areal_watchdog.notify.sinks.base import Answer, Keys, Option, Request, Sink
 from areal_watchdog.notify.sinks.slack.message import build_slack_message

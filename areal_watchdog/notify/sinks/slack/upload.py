@@ -12,7 +12,7 @@ from typing import Any
 
 import requests
 
-from areal_watchdog.common.redact import Redactor
+from areal_watchdog.common.secrets.redact import Redactor
 from areal_watchdog.config.sinks import ResolvedSink
 from areal_watchdog.notify.delivery import post_within
 
