@@ -31,10 +31,10 @@ from pathlib import Path
 from areal_watchdog.common.areal_version import installed_version
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.rankset import format_ranks, parse_ranks
-from areal_watchdog.config.keys import declared
+from areal_watchdog.config.areal_side.preflight import preflight
 from areal_watchdog.config.load import load_config
 from areal_watchdog.config.model import HangAction, JobConfig, WatchdogSection
-from areal_watchdog.config.preflight import preflight
+from areal_watchdog.config.reading.keys import declared
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.diagnose.render import verdict_dict, verdict_text
 from areal_watchdog.doctor.command import cmd_doctor

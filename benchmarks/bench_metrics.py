@@ -22,8 +22,8 @@ from areal_watchdog.config.model import MetricsSection, WatchdogSection
 from areal_watchdog.metrics.exposition import render
 from areal_watchdog.metrics.textfile import write_textfile
 from areal_watchdog.rundir.launch_info import LaunchInfo
-from areal_watchdog.watch.metrics_feed import MetricsFeed
-from areal_watchdog.watch.stall_clock import StallClock
+from areal_watchdog.watch.parts.metrics_feed import MetricsFeed
+from areal_watchdog.watch.progress.stall_clock import StallClock
 from benchmarks.table import print_table
 
 NODES = 1024

@@ -1,10 +1,11 @@
 """Coordination at 64, 256 and 1,024 nodes x 8 ranks, today's design beside the one before.
 
-The sidecars are stood in by the real ``Coordinator`` (``areal_watchdog.watch.coordination``)
-over a real directory, one per simulated node, ticked once per poll in this process (a node's
-tick is what its sidecar's loop does with the run directory: refresh, answer a request,
-publish). File operations are counted by an audit hook: every open by path, rename, directory
-listing, mkdir and unlink, attributed to the node whose tick made it. Reported:
+The sidecars are stood in by the real ``Coordinator``
+(``areal_watchdog.watch.cluster.coordination``) over a real directory, one per simulated node,
+ticked once per poll in this process (a node's tick is what its sidecar's loop does with the run
+directory: refresh, answer a request, publish). File operations are counted by an audit hook: every
+open by path, rename, directory listing, mkdir and unlink, attributed to the node whose tick made
+it. Reported:
 
 - file operations a second, in all and per node (follower and leader), at ``poll_interval: 1``;
 - stall threshold to ``report.json`` on disk: the leader asks, every follower answers with 8
@@ -48,7 +49,7 @@ from areal_watchdog.report.build import IncidentContext, build_report, new_incid
 from areal_watchdog.report.write import write_incident
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.rundir.progress.history import GPU_SAMPLES_KEPT, STEPS_KEPT, History
-from areal_watchdog.watch.coordination import Coordinator
+from areal_watchdog.watch.cluster.coordination import Coordinator
 
 RANKS_PER_NODE = 8
 COUNTED = {"open", "os.rename", "os.listdir", "os.scandir", "os.mkdir", "os.remove"}

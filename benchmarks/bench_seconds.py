@@ -39,7 +39,7 @@ from areal_watchdog.config.model import WatchdogSection
 from areal_watchdog.evidence.kernel_readings.counters import read_counters
 from areal_watchdog.evidence.kernel_readings.sockets import tcp_bytes
 from areal_watchdog.rundir.layout import RunLayout
-from areal_watchdog.watch.coordination import Coordinator
+from areal_watchdog.watch.cluster.coordination import Coordinator
 from benchmarks.bench_watchdog import DEMO, STEP_STAMP, launch
 from testkit.launcher import Launcher
 from testkit.receiver import Receiver

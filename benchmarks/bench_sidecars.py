@@ -47,11 +47,11 @@ from itertools import repeat
 from pathlib import Path
 
 from areal_watchdog.config.load import load_config
-from areal_watchdog.launch.job import job_environment, launch_files, prepare_run_dir
-from areal_watchdog.launch.plan import LaunchPlan
+from areal_watchdog.launch.planning.job import job_environment, launch_files, prepare_run_dir
+from areal_watchdog.launch.planning.plan import LaunchPlan
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
-from areal_watchdog.watch.coordination import Coordinator
+from areal_watchdog.watch.cluster.coordination import Coordinator
 from benchmarks.bench_scale import node_evidence
 
 REPO = Path(__file__).resolve().parents[1]

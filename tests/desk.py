@@ -13,9 +13,9 @@ from areal_watchdog.config.model import WatchdogSection
 from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.evidence.model import Evidence
 from areal_watchdog.evidence.trigger import Trigger
-from areal_watchdog.watch.escalation import Escalation
-from areal_watchdog.watch.stall_case import Look, StallCase
-from areal_watchdog.watch.stall_clock import StallClock
+from areal_watchdog.watch.progress.stall_clock import StallClock
+from areal_watchdog.watch.silence.escalation import Escalation
+from areal_watchdog.watch.silence.stall_case import Look, StallCase
 
 DATA = Path(__file__).parent / "data"
 THRESHOLD = 30.0

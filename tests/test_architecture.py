@@ -26,19 +26,33 @@ LAYERS = [
     ["cli", "__init__"],
 ]
 LEVEL = {name: level for level, names in enumerate(LAYERS) for name in names}
+# The sidecar's rooms (docs/architecture.md), lowest first: a room imports only rooms below it;
+# the loop (``sidecar``) wires the parts.
+WATCH_ROOMS = [
+    ["progress", "processes", "timelines"],
+    ["cluster"],
+    ["silence"],
+    ["parts"],
+    ["sidecar", "__init__"],
+]
+WATCH_LEVEL = {name: level for level, names in enumerate(WATCH_ROOMS) for name in names}
+MODULES_PER_FOLDER = 10  # a folder with more is split into rooms of its own
+
+
+def dotted_imports(path: Path) -> set[str]:
+    """The modules one module imports, wherever in it (``from a.b import c``: ``a.b``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
 
 
 def imports(path: Path) -> set[str]:
     """The areal_watchdog packages one module imports, wherever in it."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
-        found |= {n.split(".")[1] for n in names if n.startswith("areal_watchdog.")}
-    return found
+    return {n.split(".")[1] for n in dotted_imports(path) if n.startswith("areal_watchdog.")}
 
 
 def package_of(path: Path) -> str:
@@ -59,10 +73,38 @@ def test_no_package_imports_one_above_or_beside_it() -> None:
 
 def test_the_sidecar_knows_no_backend() -> None:
     """The sidecar acts on a scheduler only through the command the backend recorded."""
-    for path in sorted((PACKAGE / "watch").glob("*.py")):
+    for path in sorted((PACKAGE / "watch").rglob("*.py")):
         text = path.read_text()
         assert "launch" not in imports(path), path.name
         assert "scancel" not in text and "SLURM_" not in text, path.name
+
+
+def test_no_watch_room_imports_one_above_or_beside_it() -> None:
+    watch = PACKAGE / "watch"
+    upward = []
+    for path in sorted(watch.rglob("*.py")):
+        parts = path.relative_to(watch).parts
+        source = parts[0] if len(parts) > 1 else path.stem
+        assert source in WATCH_LEVEL, f"watch/{source}: a new room needs its place in WATCH_ROOMS"
+        rooms = {
+            n.split(".")[2] for n in dotted_imports(path) if n.startswith("areal_watchdog.watch.")
+        }
+        upward += [f"{path.relative_to(REPO)} imports watch/{room}" for room in rooms - {source}
+                   if WATCH_LEVEL[room] >= WATCH_LEVEL[source]]  # fmt: skip
+    assert upward == []
+
+
+def test_no_folder_holds_more_than_ten_modules() -> None:
+    """A newcomer can tell where a change belongs: a folder past ten modules is split into rooms,
+    each with a docstring that says what belongs there."""
+    crowded = {}
+    for folder in sorted({p.parent for p in PACKAGE.rglob("*.py")}):
+        modules = list(folder.glob("*.py"))
+        if len(modules) > MODULES_PER_FOLDER:
+            crowded[str(folder.relative_to(REPO))] = len(modules)
+        assert (folder / "__init__.py").exists(), folder
+        assert ast.get_docstring(ast.parse((folder / "__init__.py").read_text())), folder
+    assert crowded == {}
 
 
 def test_no_module_cycle_even_through_imports_inside_functions() -> None:

@@ -41,7 +41,7 @@ from test_launcher_lifecycle import gone_within, wait_for
 
 from areal_watchdog.cli import main
 from areal_watchdog.common.roles import Identity, identify
-from areal_watchdog.config.areal import parse_allocation
+from areal_watchdog.config.areal_side.areal import parse_allocation
 from areal_watchdog.config.load import load_config
 from areal_watchdog.launch.local import LocalBackend
 from conftest import REPO, culprit_rows, timeline_of
@@ -570,7 +570,7 @@ def test_areal_jobs_are_cancelled_by_name(loopback_slurm: tuple[list[str], dict]
         sbatch = [*enter, "sbatch", "-J", name, "-o", "/dev/null", "--wrap", "sleep 300"]
         subprocess.run(sbatch, env=env, check=True, capture_output=True)
     cancel = (
-        "from areal_watchdog.launch.slurm.jobs import cancel_jobs; "
+        "from areal_watchdog.launch.slurm.control.jobs import cancel_jobs; "
         "print(len(cancel_jobs('exp_t1:')))"
     )
     out = subprocess.run([*enter, sys.executable, "-c", cancel], env=env, capture_output=True,
@@ -678,7 +678,7 @@ def test_the_trajectory_hook_leaves_an_unknown_trainer_alone(
     another AReaL version: one line, and the trainer is not touched."""
     from areal.trainer.rl_trainer import PPOTrainer
 
-    from areal_watchdog.rank import areal_trajectory
+    from areal_watchdog.rank.areal_hooks import areal_trajectory
 
     class Trainer:
         def train(self) -> str:

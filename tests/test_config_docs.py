@@ -9,8 +9,8 @@ import re
 import pytest
 
 from areal_watchdog.cli import main
-from areal_watchdog.config.keys import declared
 from areal_watchdog.config.model import WatchdogSection
+from areal_watchdog.config.reading.keys import declared
 from areal_watchdog.notify.sinks.registry import SINKS, sink_class
 from conftest import REPO
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from areal_watchdog.rundir.layout import RunLayout
-from areal_watchdog.watch.coordination import FIRST_STATUS_GRACE_S, Coordinator
-from areal_watchdog.watch.status_keeper import StatusKeeper
+from areal_watchdog.watch.cluster.coordination import FIRST_STATUS_GRACE_S, Coordinator
+from areal_watchdog.watch.cluster.status_keeper import StatusKeeper
 
 NODES = [f"n{i}" for i in range(40)]
 

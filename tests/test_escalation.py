@@ -16,8 +16,8 @@ from areal_watchdog.diagnose.movement import marks, moved
 from areal_watchdog.evidence.trigger import Trigger
 from areal_watchdog.report.run_status import status_lines
 from areal_watchdog.report.write import prune_oldest
-from areal_watchdog.watch.escalation import summary_prefix
-from areal_watchdog.watch.stall_case import StallCase
+from areal_watchdog.watch.silence.escalation import summary_prefix
+from areal_watchdog.watch.silence.stall_case import StallCase
 
 
 def test_conclusive_evidence_ends_the_job_at_the_first_look() -> None:

@@ -14,7 +14,7 @@ from areal_watchdog.diagnose.movement import marks, moved
 from areal_watchdog.evidence.gpu import GpuSample, IdleTracker
 from areal_watchdog.evidence.listeners.flight_recorder import parse_trace
 from areal_watchdog.evidence.model import Evidence
-from areal_watchdog.watch.escalation import summary_prefix
+from areal_watchdog.watch.silence.escalation import summary_prefix
 
 DATA = Path(__file__).parent / "data"
 

@@ -149,7 +149,7 @@ def test_a_ray_run_is_shown_and_stopped_through_its_jobs_api(
 
 def test_a_handle_splits_only_at_a_scheme(tmp_path: Path) -> None:
     from areal_watchdog.launch.run_handle import launched_by, split_handle
-    from areal_watchdog.launch.slurm import handle as slurm_handle
+    from areal_watchdog.launch.slurm.control import handle as slurm_handle
 
     assert split_handle("slurm://123") == ("slurm", "123")
     assert split_handle("local:///tmp/run") == ("local", "/tmp/run")

@@ -16,7 +16,7 @@ from areal_watchdog.config.model import HangAction, WatchdogSection
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_CANCEL_FD, RunLayout
 from areal_watchdog.rundir.sidecar_files.hang_request import HangRequest
-from areal_watchdog.watch.scheduler import end_job, end_orphans, placement
+from areal_watchdog.watch.cluster.scheduler import end_job, end_orphans, placement
 
 SCHEDULER = """
 import json, sys

@@ -32,7 +32,7 @@ from areal_watchdog.evidence.kernel_readings.process_movement import IoWindow, P
 from areal_watchdog.evidence.kernel_readings.sockets import parse_ss
 from areal_watchdog.evidence.model import RUNNING, Evidence, Frame, plain
 from areal_watchdog.evidence.process_tree import TreeMeter
-from areal_watchdog.watch.escalation import summary_prefix
+from areal_watchdog.watch.silence.escalation import summary_prefix
 
 CHECKPOINT = 6.7e6  # bytes a second: 1 MB fsync'd chunks every 0.15 s
 WATCHED_FLOOR = 300.0  # bytes a second a blocked rank moves while the sensor asks it

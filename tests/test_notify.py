@@ -17,9 +17,10 @@ from areal_watchdog.common.errors import ConfigError
 from areal_watchdog.common.secrets.redact import Redactor
 from areal_watchdog.config.load import load_config
 from areal_watchdog.config.sinks import SecretError, SinkSpec, resolve
-from areal_watchdog.notify.delivery import GRACE, delivery_id, flush, send
+from areal_watchdog.notify.delivery import delivery_id, flush, send
 from areal_watchdog.notify.envelope import ENVELOPE_SCHEMA, verify
 from areal_watchdog.notify.notifier import Notifier, Picture, render
+from areal_watchdog.notify.sinks.deadline_post import GRACE
 from areal_watchdog.notify.sinks.registry import parse as parse_sinks
 from areal_watchdog.notify.sinks.slack.message import (
     MAX_GROUPS_SHOWN,

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from areal_watchdog.config.preflight import preflight
+from areal_watchdog.config.areal_side.preflight import preflight
 
 # The parts of AReaL's own examples/math/gsm8k_grpo.yaml (1.0) that preflight reads.
 GSM8K = {

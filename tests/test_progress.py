@@ -10,8 +10,8 @@ import regex
 
 from areal_watchdog.config.model import DEFAULT_STEP_REGEX
 from areal_watchdog.rundir.progress.pace import interval_summary
-from areal_watchdog.watch.stall_clock import StallClock, learned_threshold
-from areal_watchdog.watch.step_log import GLOB_EVERY, StepLogTail, find_progress
+from areal_watchdog.watch.progress.stall_clock import StallClock, learned_threshold
+from areal_watchdog.watch.progress.step_log import GLOB_EVERY, StepLogTail, find_progress
 
 AREAL_LINE = (
     "\x1b[32m(AReaL) 20260829-00:00:00.000 StatsLogger INFO:\x1b[0m Epoch 2/2 "
@@ -211,7 +211,7 @@ def test_a_nodes_heartbeats_are_read_with_one_listing_and_no_open(
     another run's heartbeats and another node's do not count."""
     import areal_watchdog.rundir.progress.heartbeat as api
     from areal_watchdog.rundir.layout import RunLayout
-    from areal_watchdog.watch import heartbeats
+    from areal_watchdog.watch.progress import heartbeats
 
     layout = RunLayout(tmp_path / "run")
     monkeypatch.setenv("AREAL_WATCHDOG_DIR", str(layout.watch_dir))

@@ -229,7 +229,7 @@ def test_the_single_controller_s_dry_run_shows_the_script_connected_to_ray_first
                  "launch.mode=single_controller", "--dry-run"])  # fmt: skip
     shown = capsys.readouterr().out
     assert code == 0
-    assert "-m areal_watchdog.rank.ray_controller" in shown and "gsm8k_rl.py" in shown
+    assert "-m areal_watchdog.rank.ray.ray_controller" in shown and "gsm8k_rl.py" in shown
     assert "-m areal.infra.launcher.ray" not in shown
     assert "AREAL_WATCHDOG_RANK_ROLE=actor" in shown
     job_config = next((tmp_path / "gsm8k-grpo").glob("*/watchdog/job_config.yaml"), None)

@@ -242,8 +242,8 @@ def test_a_same_allocation_resume_request_hands_the_step_only_the_watchdogs_vari
     """The resumed step of a kept allocation reads its run id and resume variables from the
     run directory's request: a request for another job is ignored, and of this job's only the
     ``AREAL_WATCHDOG_*`` variables reach the step (never LD_PRELOAD or PATH)."""
+    from areal_watchdog.launch.slurm.control.same_allocation import request
     from areal_watchdog.launch.slurm.node import NodeJob, resumed
-    from areal_watchdog.launch.slurm.same_allocation import request
     from areal_watchdog.rundir.layout import RunLayout
 
     layout = RunLayout(tmp_path)

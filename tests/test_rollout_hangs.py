@@ -23,7 +23,7 @@ from areal_watchdog.diagnose.classify import classify
 from areal_watchdog.evidence.model import Evidence
 from areal_watchdog.evidence.rollout_side import rollout
 from areal_watchdog.evidence.rollout_side.servers import probe
-from areal_watchdog.rank.tasks import TaskClock, snapshot
+from areal_watchdog.rank.asyncio_tasks.tasks import TaskClock, snapshot
 from areal_watchdog.report.build import IncidentContext, build_report
 from areal_watchdog.report.write import write_incident
 from areal_watchdog.rundir.layout import RunLayout

@@ -29,7 +29,7 @@ from areal_watchdog.evidence.discovery import Scope, discover
 from areal_watchdog.notify.spool import Spool
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
-from areal_watchdog.watch.step_log import default_log_patterns
+from areal_watchdog.watch.progress.step_log import default_log_patterns
 from conftest import FAST
 from testkit.launcher import DEMO_CONFIG, Launcher
 from testkit.receiver import Receiver

@@ -19,7 +19,7 @@ from areal_watchdog.evidence.rollout_side.server_calls import (
     parse_server_calls,
     read_server_calls,
 )
-from areal_watchdog.watch.server_calls import ServerCallSensor
+from areal_watchdog.watch.processes.server_call_sensor import ServerCallSensor
 
 SS_SAMPLE = (  # ``ss -tinpH dst ...`` here: pid 7543 sent 2.0 s ago, heard nothing for 3.0 s
     'ESTAB 0      0      127.0.0.1:56258 127.0.0.1:50457 users:(("python3",pid=7543,fd=4))\n'

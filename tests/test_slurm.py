@@ -23,7 +23,7 @@ import pytest
 
 from areal_watchdog.cli import main
 from areal_watchdog.launch.slurm.backend import TEMPLATES
-from areal_watchdog.launch.slurm.jobs import expand_nodelist, job_state
+from areal_watchdog.launch.slurm.control.jobs import expand_nodelist, job_state
 from conftest import REPO
 from slurm_cluster import CONF, bring_up, job_processes, slurm_env, tear_down, wait_until
 from testkit.launcher import processes_under

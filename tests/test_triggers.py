@@ -11,7 +11,7 @@ from pathlib import Path
 from areal_watchdog.diagnose.movement import Marks, marks, moved
 from areal_watchdog.evidence.model import Evidence, Frame
 from areal_watchdog.evidence.trigger import Trigger
-from areal_watchdog.watch.triggers import Reported, Say, Snapshot, decide, progressed
+from areal_watchdog.watch.silence.triggers import Reported, Say, Snapshot, decide, progressed
 
 HEALTHY = Snapshot(
     now=100.0,

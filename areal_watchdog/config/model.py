@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from areal_watchdog.config.keys import Choice, key
+from areal_watchdog.config.reading.keys import Choice, key
 
 # AReaL's step line is ``... Epoch 1/1 Step 3/233 Train step 3/233 done.``: the last match on a
 # line wins, so the global "Train step" beats the epoch-local "Step"; ``total`` (optional) says
@@ -86,7 +86,7 @@ class ResumeAllocation(Choice):
 
 
 class LaunchMode(Choice):
-    """How the script runs (``config.areal.resolve_mode`` decides ``auto``)."""
+    """How the script runs (``config.areal_side.areal.resolve_mode`` decides ``auto``)."""
 
     AUTO = "auto"
     TORCHRUN = "torchrun"

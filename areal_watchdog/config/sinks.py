@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from areal_watchdog.common.json_dataclass import PlainRecord
-from areal_watchdog.config.checks import Checker, default
+from areal_watchdog.config.reading.checks import Checker, default
 
 COMMON_KEYS = ("type", "name", "timeout", "max_attempts", "backoff")
 SOURCE_SUFFIXES = ("_env", "_file")

@@ -12,7 +12,6 @@ from typing import Any
 
 import regex
 
-from areal_watchdog.config.checks import Checker, default
 from areal_watchdog.config.debug_env import DEFAULT_DEBUG_ENV
 from areal_watchdog.config.model import (
     DEFAULT_EXPERIMENT,
@@ -27,7 +26,8 @@ from areal_watchdog.config.model import (
     RaySection,
     WatchdogSection,
 )
-from areal_watchdog.config.read import read_section
+from areal_watchdog.config.reading.checks import Checker, default
+from areal_watchdog.config.reading.read import read_section
 from areal_watchdog.config.sinks import parse_sinks
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -150,7 +150,7 @@ def _run_dir_mode(check: Checker, tree: dict[str, Any]) -> int:
 
 
 def _watchdog(check: Checker, wd: dict[str, Any]) -> WatchdogSection:
-    """Every key read as its field declares it (``config/keys.py``); a few need more."""
+    """Every key read as its field declares it (``config/reading/keys.py``); a few need more."""
     special = {
         "watchdog.step_regex": _step_regex,
         "watchdog.debug_env": _debug_env,

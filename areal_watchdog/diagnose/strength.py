@@ -1,5 +1,5 @@
 """How strong a look's verdict is, and what makes two verdicts the same finding: the rules the
-escalation (``watch/escalation.py``) applies to a verdict, pure, read from the table of hang
+escalation (``watch/silence/escalation.py``) applies to a verdict, pure, read from the table of hang
 kinds (``kinds``)."""
 
 from __future__ import annotations

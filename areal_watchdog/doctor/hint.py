@@ -17,7 +17,7 @@ from areal_watchdog.doctor.checks.filesystem import (
 from areal_watchdog.doctor.checks.ptrace import read_policy
 from areal_watchdog.doctor.model import FAIL
 from areal_watchdog.evidence.pyspy import pyspy_executable
-from areal_watchdog.launch.plan import LaunchPlan
+from areal_watchdog.launch.planning.plan import LaunchPlan
 
 
 def cheap_problems(fileroot: str) -> list[str]:

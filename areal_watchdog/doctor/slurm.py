@@ -13,7 +13,7 @@ from typing import Any
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.doctor.model import FAIL, PASS, WARN, Check, NodeReport, NodeSpec
 from areal_watchdog.doctor.node import MARKER
-from areal_watchdog.watch.launcher_heartbeat import LAUNCHER_SILENCE_S
+from areal_watchdog.watch.parts.launcher_heartbeat import LAUNCHER_SILENCE_S
 
 TIMEOUT = 300.0
 SKEW_PASS_S = 1.0

@@ -79,7 +79,8 @@ class RankEvidence:
     movement: ProcessMovement | None = None  # its counters at the look, and the polls' before
     error: str | None = None  # why no stack (or no py-spy stack) could be taken
     log_tail: str = ""
-    tasks: list[dict[str, Any]] = field(default_factory=list)  # pending asyncio tasks (rank.tasks)
+    # pending asyncio tasks (rank.asyncio_tasks.tasks)
+    tasks: list[dict[str, Any]] = field(default_factory=list)
     tasks_ended: dict[str, int] | None = None  # since its previous task dump: ok, failed, cancelled
     role: str | None = None  # AReaL's role (controller, actor, rollout, inference_server...)
     worker_index: int | None = None  # AReaL worker index within its role

@@ -2,7 +2,8 @@
 
 Triggers are not categories: a trigger says why the watchdog looked (``node_silent``: a peer
 sidecar stopped answering), the classifier's category says what it found (``node_lost``). The
-sidecar decides when one fires (``watch.triggers``); the report and its readers only name it.
+sidecar decides when one fires (``watch.silence.triggers``); the report and its readers only name
+it.
 """
 
 from __future__ import annotations

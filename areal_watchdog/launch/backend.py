@@ -16,7 +16,7 @@ from typing import Protocol, TextIO
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.plugins import load, registered
 from areal_watchdog.config.model import JobConfig
-from areal_watchdog.launch.plan import LaunchPlan
+from areal_watchdog.launch.planning.plan import LaunchPlan
 from areal_watchdog.launch.recovery import Recovery
 from areal_watchdog.launch.run_handle import (
     Described,

@@ -24,12 +24,12 @@ from typing import TextIO
 from areal_watchdog.common.atomic import open_append, read_json, write_json_atomic
 from areal_watchdog.common.interprocess.ports import free_port
 from areal_watchdog.common.secrets.mask import Mask
-from areal_watchdog.config.entrypoint import launch_mode
+from areal_watchdog.config.areal_side.entrypoint import launch_mode
 from areal_watchdog.config.model import JobConfig
-from areal_watchdog.launch.areal import ArealJob, plan_areal
 from areal_watchdog.launch.exit_codes import ExitCode
-from areal_watchdog.launch.gate import pass_gate
-from areal_watchdog.launch.job import (
+from areal_watchdog.launch.planning.areal import ArealJob, plan_areal
+from areal_watchdog.launch.planning.gate import pass_gate
+from areal_watchdog.launch.planning.job import (
     job_environment,
     launch_files,
     prepare_run_dir,
@@ -37,7 +37,8 @@ from areal_watchdog.launch.job import (
     sidecar_command,
     stale_state,
 )
-from areal_watchdog.launch.plan import Gate, LaunchPlan, ProcessSpec
+from areal_watchdog.launch.planning.plan import Gate, LaunchPlan, ProcessSpec
+from areal_watchdog.launch.planning.torchrun import standalone, torchrun_command
 from areal_watchdog.launch.processes import (
     Interrupts,
     OutputPump,
@@ -47,7 +48,6 @@ from areal_watchdog.launch.processes import (
 )
 from areal_watchdog.launch.recovery import Recovery
 from areal_watchdog.launch.run_handle import KnownByRunDir
-from areal_watchdog.launch.torchrun import standalone, torchrun_command
 from areal_watchdog.rundir.job_mask import job_mask
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_CANCEL_FD, ENV_NODE, RunLayout, node_of

@@ -21,7 +21,7 @@ import psutil
 from areal_watchdog.common.interprocess.parent import die_with_parent
 from areal_watchdog.common.secrets.mask import Mask
 from areal_watchdog.evidence.kernel_readings.kernel_wait import main_wait
-from areal_watchdog.launch.plan import ProcessSpec
+from areal_watchdog.launch.planning.plan import ProcessSpec
 from areal_watchdog.rundir.run_processes import kill_run_processes, run_processes
 
 TERMINATE_GRACE = 20.0  # seconds torchrun gets to stop its ranks before everything is killed

@@ -1,5 +1,5 @@
 """What one sidecar's metrics hold at one poll, as plain data: its node's, and (the leader's
-only) the job's. Built by ``watch/metrics_feed.py``; rendered by ``families``."""
+only) the job's. Built by ``watch/parts/metrics_feed.py``; rendered by ``families``."""
 
 from __future__ import annotations
 

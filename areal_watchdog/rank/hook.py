@@ -10,10 +10,11 @@ this at start-up in each, and each arms, by its role (``common.roles``):
 - the Flight Recorder listener, in the workers whose role holds the ranks (``actor``);
 - an exit record ``watchdog/procs/<pid>.exit.json`` (an uncaught exception, or an exit);
 - in a Ray worker of the job (AReaL's ``RayScheduler``), all of this once Ray names the actor it
-  holds (``rank.ray_worker``); in a rank AReaL's Ray launcher runs as a task (SPMD), what our
+  holds (``rank.ray.ray_worker``); in a rank AReaL's Ray launcher runs as a task (SPMD), what our
   rank wrapper arms in a torchrun rank (``arm_ray_rank``);
-- in the controller, the trajectory dump of AReaL's trainer (``rank.areal_trajectory``) and, in
-  a resumed run, the quarantined rows left out of its data (``rank.areal_quarantine``).
+- in the controller, the trajectory dump of AReaL's trainer (``rank.areal_hooks.areal_trajectory``)
+  and, in a resumed run, the quarantined rows left out of its data
+  (``rank.areal_hooks.areal_quarantine``).
 
 Torchrun ranks are armed by our rank wrapper instead, and processes with no role of ours (a
 shell, a ``multiprocessing`` helper, a tool a workflow runs) are left alone. Nothing here may
@@ -30,14 +31,16 @@ from typing import Any
 
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.common.roles import Identity, identify
-from areal_watchdog.rank import areal_quarantine, areal_trajectory, ray_worker, task_listener
+from areal_watchdog.rank.areal_hooks import areal_quarantine, areal_trajectory
 from areal_watchdog.rank.arming import (
     allow_any_tracer,
     arm_stack_dump,
     exit_record,
     quietly,
 )
+from areal_watchdog.rank.asyncio_tasks import task_listener
 from areal_watchdog.rank.flight_recorder import ENV_FLIGHT_RECORDER, start_listener
+from areal_watchdog.rank.ray import ray_worker
 from areal_watchdog.rundir.layout import (
     ENV_JOB_CONFIG,
     ENV_RANK_ROLE,

@@ -11,9 +11,10 @@ preparing what the watchdog needs from inside the rank:
 - ``prctl(PR_SET_PTRACER, ANY)`` so a sidecar that is not our ancestor may attach under Yama;
 - an exit record (returned, exit code, or exception with its traceback) for crash analysis;
 - the Flight Recorder listener (``rank.flight_recorder``) when the launcher asked for it;
-- the asyncio task listener (``rank.task_listener``): pending coroutines are on no thread's stack;
-- the trajectory dump of AReaL's trainer (``rank.areal_trajectory``), should the script run one,
-  and a resumed run's quarantine (``rank.areal_quarantine``);
+- the asyncio task listener (``rank.asyncio_tasks.task_listener``): pending coroutines are on no
+  thread's stack;
+- the trajectory dump of AReaL's trainer (``rank.areal_hooks.areal_trajectory``), should the script
+  run one, and a resumed run's quarantine (``rank.areal_hooks.areal_quarantine``);
 - ``sys.stdout`` and ``sys.stderr`` masked (``common.secrets.mask``): the secrets the launcher knows
   never reach torchrun's per-rank logs through the job's own prints.
 """
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.common.secrets.mask import MaskedStream
-from areal_watchdog.rank import areal_quarantine, areal_trajectory, task_listener
+from areal_watchdog.rank.areal_hooks import areal_quarantine, areal_trajectory
 from areal_watchdog.rank.arming import (
     allow_any_tracer,
     arm_stack_dump,
@@ -38,6 +39,7 @@ from areal_watchdog.rank.arming import (
     exit_record,
     quietly,
 )
+from areal_watchdog.rank.asyncio_tasks import task_listener
 from areal_watchdog.rank.flight_recorder import ENV_FLIGHT_RECORDER, start_listener
 from areal_watchdog.rundir.job_mask import job_mask
 from areal_watchdog.rundir.layout import (

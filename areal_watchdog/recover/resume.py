@@ -24,7 +24,7 @@ from areal_watchdog.config.model import JobConfig
 from areal_watchdog.config.sinks import SinkSpec
 from areal_watchdog.launch.backend import Backend
 from areal_watchdog.launch.exit_codes import ExitCode
-from areal_watchdog.launch.plan import LaunchPlan
+from areal_watchdog.launch.planning.plan import LaunchPlan
 from areal_watchdog.recover.checks import ENV_ATTEMPT, ENV_LAST_STEP
 from areal_watchdog.recover.notices import send_recovery
 from areal_watchdog.recover.policy import Decision, Hang, decide

@@ -1,5 +1,5 @@
 """Draws an incident's timeline in a process of its own, started once the report is posted
-(``watch/drawings.py``), so the report is never late for it:
+(``watch/timelines/timeline_drawings.py``), so the report is never late for it:
 
     python -m areal_watchdog.report.picture INCIDENT_DIR
 

@@ -80,7 +80,7 @@ def _pace_lines(statuses: list[dict[str, Any]], now: float) -> list[str]:
 
 def _servers(statuses: list[dict[str, Any]]) -> tuple[int, int, float] | None:
     """The inference servers over every node: generating, found, tokens/s (their sidecars'
-    probes, ``watch/server_pulse.py``); None when no node found one. A damaged or forged
+    probes, ``watch/processes/server_pulse.py``); None when no node found one. A damaged or forged
     entry counts for nothing, never a traceback."""
     generating = found = 0
     rate = 0.0

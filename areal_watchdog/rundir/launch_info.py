@@ -37,7 +37,7 @@ class LaunchInfo:
     # AReaL's ``total_train_steps``: its step lines say the epochs' total even when this caps it
     total_steps: int | None = None
     # where a scheduler runs the job: the backend's command a sidecar runs to place itself and
-    # to end the job when no launcher can (``watch.scheduler``); None: the launcher ends it
+    # to end the job when no launcher can (``watch.cluster.scheduler``); None: the launcher ends it
     scheduler_command: list[str] | None = None
     # a backend that carries the ranks' output elsewhere names where (Ray: its driver's log)
     step_logs: list[str] | None = None

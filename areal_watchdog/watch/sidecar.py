@@ -32,25 +32,25 @@ from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_RAYLET
 from areal_watchdog.rundir.progress.history import History
 from areal_watchdog.rundir.secure import run_dir_owner
-from areal_watchdog.watch.coordination import Coordinator
-from areal_watchdog.watch.drawings import Drawings
-from areal_watchdog.watch.in_flight import InFlightSensor
-from areal_watchdog.watch.incident import Incidents, local_evidence
-from areal_watchdog.watch.job_end import JobEnd
-from areal_watchdog.watch.launcher_heartbeat import watch_heartbeat
-from areal_watchdog.watch.leader import Leader
-from areal_watchdog.watch.metrics_feed import start_feed
-from areal_watchdog.watch.node import NodeWatch
-from areal_watchdog.watch.progress_watch import ProgressWatch
-from areal_watchdog.watch.scheduler import placement
-from areal_watchdog.watch.server_calls import ServerCallSensor
-from areal_watchdog.watch.sidecar_shared import Collaborators, JobView
-from areal_watchdog.watch.stall_clock import StallClock
-from areal_watchdog.watch.standby import wait_for_node_lock
-from areal_watchdog.watch.status_keeper import StatusKeeper
-from areal_watchdog.watch.status_publisher import StatusPublisher
-from areal_watchdog.watch.step_log import StepLogTail, default_log_patterns
-from areal_watchdog.watch.voice import Voice
+from areal_watchdog.watch.cluster.coordination import Coordinator
+from areal_watchdog.watch.cluster.scheduler import placement
+from areal_watchdog.watch.cluster.standby import wait_for_node_lock
+from areal_watchdog.watch.cluster.status_keeper import StatusKeeper
+from areal_watchdog.watch.parts.job_end import JobEnd
+from areal_watchdog.watch.parts.launcher_heartbeat import watch_heartbeat
+from areal_watchdog.watch.parts.leader import Leader
+from areal_watchdog.watch.parts.metrics_feed import start_feed
+from areal_watchdog.watch.parts.progress_watch import ProgressWatch
+from areal_watchdog.watch.parts.shared import Collaborators, JobView
+from areal_watchdog.watch.parts.status_publisher import StatusPublisher
+from areal_watchdog.watch.parts.voice import Voice
+from areal_watchdog.watch.processes.in_flight_sensor import InFlightSensor
+from areal_watchdog.watch.processes.node_watch import NodeWatch
+from areal_watchdog.watch.processes.server_call_sensor import ServerCallSensor
+from areal_watchdog.watch.progress.stall_clock import StallClock
+from areal_watchdog.watch.progress.step_log import StepLogTail, default_log_patterns
+from areal_watchdog.watch.silence.incident_desk import Incidents, local_evidence
+from areal_watchdog.watch.timelines.timeline_drawings import Drawings
 
 FOLLOWER_LINGER = 60.0  # seconds a finished follower keeps answering a leader that has not finished
 REQUEST_LOOK, REQUEST_WINDOW = 0.3, 1.0  # seconds: a follower's looks for the request, how long

@@ -23,10 +23,10 @@ import yaml
 
 from areal_watchdog.common.atomic import open_append, read_json, write_text_atomic
 from areal_watchdog.common.errors import ConfigError, UserError
-from areal_watchdog.config.entrypoint import resolve_entrypoint
+from areal_watchdog.config.areal_side.entrypoint import resolve_entrypoint
 from areal_watchdog.config.load import load_config
 from areal_watchdog.config.model import JobConfig
-from areal_watchdog.launch.job import stored_config
+from areal_watchdog.launch.planning.job import stored_config
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.rundir.secure import ensure_run_dir
 from areal_watchdog.trajectory.replay.replay_plan import dump_dir

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from areal_watchdog.common.atomic import write_json_atomic
-from areal_watchdog.config.areal import parse_allocation
-from areal_watchdog.rank.areal_trajectory import TRAINER_MODULE
+from areal_watchdog.config.areal_side.areal import parse_allocation
+from areal_watchdog.rank.areal_hooks.areal_trajectory import TRAINER_MODULE
 from areal_watchdog.workflow_check.model import CheckResult, StageResult
 from areal_watchdog.workflow_check.stages import (
     Episodes,

@@ -3,8 +3,8 @@
 Every episode runs inside ``Episodes.timed``, whether this module schedules it (one episode, one
 batch: on an event loop of its own thread) or AReaL's rollout engine does (on its own loop): so
 each has a start, an end, an outcome and, while pending, its task. At the limit a pending
-episode's await chain is read from that task (``rank.tasks``: a suspended coroutine is on no
-thread's stack), from the workflow's frame inward; a loop blocked in synchronous code (a tool
+episode's await chain is read from that task (``rank.asyncio_tasks.tasks``: a suspended coroutine is
+on no thread's stack), from the workflow's frame inward; a loop blocked in synchronous code (a tool
 called without ``await``) is shown by its thread's stack instead."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from areal_watchdog.rank.tasks import await_chain
+from areal_watchdog.rank.asyncio_tasks.tasks import await_chain
 from areal_watchdog.workflow_check.model import StageResult
 
 MAX_ERRORS = 3

@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from areal_watchdog.rundir.layout import RunLayout  # noqa: E402
-from areal_watchdog.watch.coordination import Coordinator  # noqa: E402
+from areal_watchdog.watch.cluster.coordination import Coordinator  # noqa: E402
 
 NODES = ["n0", "n1"]
 NODE_TIMEOUT = 3.0  # a status every second

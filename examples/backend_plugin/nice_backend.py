@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.local import LocalBackend
-from areal_watchdog.launch.plan import LaunchPlan
+from areal_watchdog.launch.planning.plan import LaunchPlan
 
 
 class NiceBackend(LocalBackend):

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from areal_watchdog.common.errors import ConfigError
+from areal_watchdog.config.areal_side.entrypoint import launch_mode, resolve_entrypoint
 from areal_watchdog.config.debug_env import DEFAULT_DEBUG_ENV, render_debug_env
-from areal_watchdog.config.entrypoint import launch_mode, resolve_entrypoint
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.config.validate import validate
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from areal_watchdog.common.errors import ConfigError
-from areal_watchdog.config.checks import Checker, default
 from areal_watchdog.config.debug_env import DEFAULT_DEBUG_ENV
 from areal_watchdog.config.model import HangAction, WatchdogSection
+from areal_watchdog.config.reading.checks import Checker, default
 from areal_watchdog.config.validate import validate
 
 SOURCE = "/jobs/config.yaml"

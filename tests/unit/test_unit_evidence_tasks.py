@@ -22,7 +22,7 @@ EPISODE = textwrap.dedent(
     """
     import asyncio, sys
     from pathlib import Path
-    from areal_watchdog.rank import task_listener
+    from areal_watchdog.rank.asyncio_tasks import task_listener
     from areal_watchdog.rundir.layout import RunLayout
 
     async def arun_episode():

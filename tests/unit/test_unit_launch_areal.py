@@ -1,5 +1,5 @@
-"""AReaL's two modes as plans (``launch.areal``, ``launch.slurm.areal``): the processes, the
-edits of the config AReaL reads, and the one-line refusals naming the config file and key.
+"""AReaL's two modes as plans (``launch.planning.areal``, ``launch.slurm.areal``): the processes,
+the edits of the config AReaL reads, and the one-line refusals naming the config file and key.
 Nothing runs: the plans only."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import yaml
 
 from areal_watchdog.common.errors import ConfigError
 from areal_watchdog.config.load import load_config
-from areal_watchdog.launch.areal import plan_areal, script_command
-from areal_watchdog.launch.job import job_environment
+from areal_watchdog.launch.planning.areal import plan_areal, script_command
+from areal_watchdog.launch.planning.job import job_environment
 from areal_watchdog.launch.slurm.areal import job_prefix, plan_single_controller
 from areal_watchdog.launch.slurm.scheduler_command import MODULE
 from areal_watchdog.rank.sitehook import DIRECTORY as SITEHOOK

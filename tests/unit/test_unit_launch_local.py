@@ -10,7 +10,7 @@ from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.config.model import HangAction
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.local import _LocalRun
-from areal_watchdog.launch.plan import LaunchPlan, ProcessSpec
+from areal_watchdog.launch.planning.plan import LaunchPlan, ProcessSpec
 from areal_watchdog.rundir.layout import RunLayout
 from areal_watchdog.rundir.sidecar_files.hang_request import HangRequest
 

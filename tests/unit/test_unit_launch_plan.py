@@ -16,8 +16,9 @@ from areal_watchdog.common.secrets.mask import Mask
 from areal_watchdog.common.secrets.redact import REDACTED
 from areal_watchdog.config.load import load_config
 from areal_watchdog.launch.backend import BACKENDS, backend_class, backend_names
-from areal_watchdog.launch.gate import pass_gate, registered
-from areal_watchdog.launch.job import (
+from areal_watchdog.launch.local import LocalBackend
+from areal_watchdog.launch.planning.gate import pass_gate, registered
+from areal_watchdog.launch.planning.job import (
     job_environment,
     masked_names,
     prepare_run_dir,
@@ -25,11 +26,10 @@ from areal_watchdog.launch.job import (
     stale_state,
     stored_env,
 )
-from areal_watchdog.launch.local import LocalBackend
-from areal_watchdog.launch.plan import Gate, LaunchPlan, ProcessSpec
+from areal_watchdog.launch.planning.plan import Gate, LaunchPlan, ProcessSpec
+from areal_watchdog.launch.planning.torchrun import multi_node, standalone, torchrun_command
 from areal_watchdog.launch.processes import Interrupts, OutputPump
 from areal_watchdog.launch.recovery import Recovery
-from areal_watchdog.launch.torchrun import multi_node, standalone, torchrun_command
 from areal_watchdog.rundir.layout import ENV_NODE, ENV_RUN_ID, ENV_WATCH_DIR, RunLayout
 from testkit.launcher import DEMO_CONFIG
 

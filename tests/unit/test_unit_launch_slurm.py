@@ -18,7 +18,7 @@ from areal_watchdog.config.load import load_config
 from areal_watchdog.config.model import ResumeSection, WatchdogSection
 from areal_watchdog.launch.exit_codes import ExitCode
 from areal_watchdog.launch.slurm import node
-from areal_watchdog.launch.slurm.jobs import wait_for_job
+from areal_watchdog.launch.slurm.control.jobs import wait_for_job
 from areal_watchdog.launch.slurm.options import container_prefix, parse_time_minutes, validate_slurm
 from areal_watchdog.launch.slurm.recovery import SlurmRecovery
 from areal_watchdog.launch.slurm.scheduler_command import main

@@ -1,9 +1,9 @@
 """How the watchdog reaches processes no wrapper of ours starts: the ``sitecustomize`` hook
 (``rank.sitehook.sitecustomize`` -> ``rank.hook``), code run right after a module's import
-(``rank.after_import``) and the resumed run's quarantine it applies
-(``rank.areal_quarantine``), a Ray worker's role (``rank.ray_worker``) and the Ray controller
-(``rank.ray_controller``). Hooks that arm a process run in a child the test ends; Ray is a fake
-module."""
+(``rank.areal_hooks.after_import``) and the resumed run's quarantine it applies
+(``rank.areal_hooks.areal_quarantine``), a Ray worker's role (``rank.ray.ray_worker``) and the Ray
+controller (``rank.ray.ray_controller``). Hooks that arm a process run in a child the test ends; Ray
+is a fake module."""
 
 from __future__ import annotations
 
@@ -19,9 +19,11 @@ from types import ModuleType, SimpleNamespace
 import pytest
 
 from areal_watchdog.common.roles import Identity
-from areal_watchdog.rank import after_import as after_import_module
-from areal_watchdog.rank import areal_quarantine, hook, ray_controller, ray_worker
-from areal_watchdog.rank.after_import import after_import
+from areal_watchdog.rank import hook
+from areal_watchdog.rank.areal_hooks import after_import as after_import_module
+from areal_watchdog.rank.areal_hooks import areal_quarantine
+from areal_watchdog.rank.areal_hooks.after_import import after_import
+from areal_watchdog.rank.ray import ray_controller, ray_worker
 from areal_watchdog.rank.sitehook import DIRECTORY as SITEHOOK
 from areal_watchdog.rundir.layout import ENV_RUN_ID, ENV_WATCH_DIR, RunLayout
 from areal_watchdog.trajectory.quarantine import ENV_QUARANTINE, QuarantinedRow, add_rows

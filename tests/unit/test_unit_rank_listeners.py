@@ -1,6 +1,7 @@
 """The listeners a rank runs for the sidecar, answered through their FIFOs as the sidecar asks:
 the Flight Recorder dump (``rank.flight_recorder``, in this process: its thread is ended) and
-the asyncio task dump (``rank.task_listener``, in a child process with a pending task)."""
+the asyncio task dump (``rank.asyncio_tasks.task_listener``, in a child process with a pending
+task)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 
 from areal_watchdog.evidence.listeners import flight_recorder
-from areal_watchdog.rank import task_listener
+from areal_watchdog.rank.asyncio_tasks import task_listener
 from areal_watchdog.rank.flight_recorder import start_listener
 from areal_watchdog.rundir.layout import RunLayout
 
@@ -65,7 +66,7 @@ def test_the_flight_recorder_listener_answers_each_request_with_a_record(tmp_pat
 TASKS_PROCESS = """
 import asyncio, sys
 from pathlib import Path
-from areal_watchdog.rank import task_listener
+from areal_watchdog.rank.asyncio_tasks import task_listener
 from areal_watchdog.rundir.layout import RunLayout
 
 async def call_the_tool():

@@ -13,7 +13,7 @@ from pathlib import Path
 from areal_watchdog.config.load import load_config
 from areal_watchdog.config.model import HangAction, JobConfig
 from areal_watchdog.launch.exit_codes import ExitCode
-from areal_watchdog.launch.plan import LaunchPlan, ProcessSpec
+from areal_watchdog.launch.planning.plan import LaunchPlan, ProcessSpec
 from areal_watchdog.launch.recovery import Recovery
 from areal_watchdog.recover.checks import ENV_ATTEMPT, ENV_LAST_STEP
 from areal_watchdog.recover.resume import recovery_lines, recovery_markdown, run_resuming

@@ -13,8 +13,13 @@ from test_triggers import HEALTHY
 from areal_watchdog.evidence.listeners.collectives_in_flight import InFlight
 from areal_watchdog.evidence.trigger import Trigger
 from areal_watchdog.rundir.layout import RunLayout
-from areal_watchdog.watch.in_flight import IN_FLIGHT_MIN, InFlightSensor, Reading, stuck_for
-from areal_watchdog.watch.triggers import Reported, decide
+from areal_watchdog.watch.processes.in_flight_sensor import (
+    IN_FLIGHT_MIN,
+    InFlightSensor,
+    Reading,
+    stuck_for,
+)
+from areal_watchdog.watch.silence.triggers import Reported, decide
 
 NOW = 1000.0
 

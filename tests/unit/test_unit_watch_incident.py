@@ -1,5 +1,5 @@
-"""The leader's incident desk (``watch.incident``) driven with recorded evidence: the real
-``Incidents`` with only its gathering replaced, a real run directory under tmp_path, a fake
+"""The leader's incident desk (``watch.silence.incident_desk``) driven with recorded evidence: the
+real ``Incidents`` with only its gathering replaced, a real run directory under tmp_path, a fake
 notifier. What users see: the report written and posted, the line said, the cancel recorded and
 sent to the launcher's pipe (or to the scheduler's command), secrets kept out."""
 
@@ -24,9 +24,9 @@ from areal_watchdog.evidence.trigger import Trigger
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_CANCEL_FD
 from areal_watchdog.rundir.sidecar_files.hang_request import HangRequest
-from areal_watchdog.watch.coordination import Coordinator
-from areal_watchdog.watch.incident import Incidents, job_secrets, look_outcome
-from areal_watchdog.watch.stall_clock import StallClock
+from areal_watchdog.watch.cluster.coordination import Coordinator
+from areal_watchdog.watch.progress.stall_clock import StallClock
+from areal_watchdog.watch.silence.incident_desk import Incidents, job_secrets, look_outcome
 from conftest import sleeper
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "evidence"

@@ -1,6 +1,6 @@
 """How a sidecar learns that it must stop or take over: the launcher's heartbeat on a Ray node
-(``watch.launcher_heartbeat``) and a standby sidecar's wait for its node's lock
-(``watch.standby``)."""
+(``watch.parts.launcher_heartbeat``) and a standby sidecar's wait for its node's lock
+(``watch.cluster.standby``)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.config.model import WatchdogSection
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout
-from areal_watchdog.watch import launcher_heartbeat, standby
-from areal_watchdog.watch.launcher_heartbeat import LAUNCHER_SILENCE_S, watch_heartbeat
-from areal_watchdog.watch.sidecar_shared import JobView
+from areal_watchdog.watch.cluster import standby
+from areal_watchdog.watch.parts import launcher_heartbeat
+from areal_watchdog.watch.parts.launcher_heartbeat import LAUNCHER_SILENCE_S, watch_heartbeat
+from areal_watchdog.watch.parts.shared import JobView
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,6 +1,6 @@
-"""What the leading sidecar does each poll (``watch.leader``) and how it sees the job end
-(``watch.job_end``), on a minimal node object holding the state ``Sidecar`` holds: a fake clock
-(``now`` passed in), the run's records in a real run directory under tmp_path, a fake incident
+"""What the leading sidecar does each poll (``watch.parts.leader``) and how it sees the job end
+(``watch.parts.job_end``), on a minimal node object holding the state ``Sidecar`` holds: a fake
+clock (``now`` passed in), the run's records in a real run directory under tmp_path, a fake incident
 desk. What users see: the lines said, the incidents opened (once), the final record."""
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from areal_watchdog.evidence.trigger import Trigger
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_RUN_ID
 from areal_watchdog.rundir.sidecar_files.hang_request import HangRequest
-from areal_watchdog.watch.in_flight import InFlightSensor
-from areal_watchdog.watch.job_end import JobEnd
-from areal_watchdog.watch.leader import Leader
-from areal_watchdog.watch.server_calls import ServerCallSensor
-from areal_watchdog.watch.sidecar_shared import Collaborators, JobView
-from areal_watchdog.watch.stall_clock import StallClock
+from areal_watchdog.watch.parts.job_end import JobEnd
+from areal_watchdog.watch.parts.leader import Leader
+from areal_watchdog.watch.parts.shared import Collaborators, JobView
+from areal_watchdog.watch.processes.in_flight_sensor import InFlightSensor
+from areal_watchdog.watch.processes.server_call_sensor import ServerCallSensor
+from areal_watchdog.watch.progress.stall_clock import StallClock
 
 THRESHOLD = 30.0
 

@@ -1,5 +1,5 @@
-"""One node's part of the job as the sidecar sees it (``watch.node``), with one real rank: a
-child process that our rank wrapper (``rank.main``) runs, found through its environment, its
+"""One node's part of the job as the sidecar sees it (``watch.processes.node_watch``), with one real
+rank: a child process that our rank wrapper (``rank.main``) runs, found through its environment, its
 stack taken by the cooperative faulthandler dump, its end noticed."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from areal_watchdog.evidence.discovery import Scope
 from areal_watchdog.evidence.gather import GatherSettings
 from areal_watchdog.rundir.layout import ENV_NODE, ENV_RUN_ID, ENV_WATCH_DIR, RunLayout
-from areal_watchdog.watch.node import NodeWatch
+from areal_watchdog.watch.processes.node_watch import NodeWatch
 
 REPO = Path(__file__).resolve().parents[2]
 RANK_SCRIPT = """

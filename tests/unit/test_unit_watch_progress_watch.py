@@ -1,4 +1,4 @@
-"""How the sidecar follows progress (``watch.progress_watch``): step lines, heartbeats, peers'
+"""How the sidecar follows progress (``watch.parts.progress_watch``): step lines, heartbeats, peers'
 announced pauses, the job's last step, on a real ``Sidecar`` (no loop: ``ProgressWatch.observe``
 with a fake clock). What users see: the lines said, and the stall clock they drive."""
 
@@ -16,7 +16,7 @@ from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import ENV_NODE
 from areal_watchdog.rundir.progress.beats import beat_name
 from areal_watchdog.watch.sidecar import Sidecar
-from areal_watchdog.watch.triggers import Reported
+from areal_watchdog.watch.silence.triggers import Reported
 
 
 @pytest.fixture

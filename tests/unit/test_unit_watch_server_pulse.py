@@ -15,7 +15,7 @@ from pathlib import Path
 
 from areal_watchdog.evidence.rollout_side.servers import probe
 from areal_watchdog.report.run_status import status_lines
-from areal_watchdog.watch.server_pulse import ServerPulse
+from areal_watchdog.watch.processes.server_pulse import ServerPulse
 
 STANDIN = (
     Path(__file__).resolve().parents[2] / "examples" / "inference_server" / "sglang_standin.py"

@@ -1,8 +1,8 @@
 """Mask the secrets the launcher knows in the job's own output, as CI systems do: ``***``.
 
 The values: the ``launch.env`` variables whose values the run directory never stores (a
-secret-looking name, or a value that looks like a token: ``launch.job.masked_names``) and every
-notify secret (its URL, the URL's path and query, a signing secret, a bot token), gathered by
+secret-looking name, or a value that looks like a token: ``launch.planning.job.masked_names``) and
+every notify secret (its URL, the URL's path and query, a signing secret, a bot token), gathered by
 ``rundir.job_mask`` from the run's records. The launcher
 names the first in ``AREAL_WATCHDOG_MASKED`` (names, never values), so every process of the run
 reads the same values from its own environment; the notify secrets are read from their sources

@@ -1,6 +1,6 @@
 """Will the watchdog's AReaL hooks hold? The release ``launch.python`` has installed, and every
-function the hooks wrap or call (``rank.areal_trajectory``: the dump and the replay;
-``rank.areal_quarantine``; ``workflow_check.probe``; ``common.roles``: the modules whose
+function the hooks wrap or call (``rank.areal_hooks.areal_trajectory``: the dump and the replay;
+``rank.areal_hooks.areal_quarantine``; ``workflow_check.probe``; ``common.roles``: the modules whose
 processes are told apart)
 checked with ``inspect.signature`` in a child of that interpreter, where AReaL is imported
 (10-20 s: AReaL pulls in torch and transformers)."""
@@ -19,7 +19,7 @@ from typing import Any
 from areal_watchdog.common.areal_version import installed_version, is_known, unknown_note
 from areal_watchdog.common.roles import RPC_MODULES, SERVER_LAUNCHERS
 from areal_watchdog.doctor.model import FAIL, PASS, WARN, Check
-from areal_watchdog.rank.areal_trajectory import (
+from areal_watchdog.rank.areal_hooks.areal_trajectory import (
     INIT_ROLLOUT_PARAMS,
     PREPARE_BATCH_PARAMS,
     TRAINER_MODULE,

@@ -1,7 +1,7 @@
 """What a look knows of one process's movement: its counters at the look, the rate windows of
 the polls before it, the bytes it carried over TCP, and how long it sat blocked in the kernel.
 
-One typed record from the sidecar's node watch (``watch/node.py`` builds it from
+One typed record from the sidecar's node watch (``watch/processes/node_watch.py`` builds it from
 ``evidence.kernel_readings.counters``, ``evidence.process_tree`` and
 ``evidence.kernel_readings.sockets``) to the rules that judge it (``diagnose.movement``: busy I/O,
 children at work, TCP; ``diagnose.patterns.storage``: a kernel wait with nothing moving). It crosses

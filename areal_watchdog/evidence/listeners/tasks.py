@@ -1,4 +1,5 @@
-"""Collect the pending asyncio tasks of this node's watched processes (``rank.task_listener``).
+"""Collect the pending asyncio tasks of this node's watched processes
+(``rank.asyncio_tasks.task_listener``).
 
 Only processes the caller already verified as the job's own are asked: the pid names the
 trigger FIFO, and a dump counts only if it answers this request and comes from that pid.

@@ -5,7 +5,8 @@ cluster of this machine's own), the driver the Jobs API runs on the head (``driv
 first, then AReaL's Ray launcher, SPMD) and the environment every Ray worker of the
 job gets (the job's ``runtime_env``: Ray merges it into each task's and actor's own).
 ``execute`` runs that plan (``run``). Single controller: the driver runs the training script,
-connected to Ray first (``rank.ray_controller``), and AReaL's ``RayScheduler`` places the workers.
+connected to Ray first (``rank.ray.ray_controller``), and AReaL's ``RayScheduler`` places the
+workers.
 """
 
 from __future__ import annotations
@@ -19,11 +20,16 @@ from pathlib import Path
 from typing import TextIO
 
 from areal_watchdog.common.errors import ConfigError
-from areal_watchdog.config.entrypoint import launch_mode, resolve_entrypoint
+from areal_watchdog.config.areal_side.entrypoint import launch_mode, resolve_entrypoint
 from areal_watchdog.config.model import JobConfig
-from areal_watchdog.launch.areal import areal_environment, plan_areal, script_command
-from areal_watchdog.launch.job import job_environment, launch_files, rank_command, stale_state
-from areal_watchdog.launch.plan import LaunchPlan, ProcessSpec
+from areal_watchdog.launch.planning.areal import areal_environment, plan_areal, script_command
+from areal_watchdog.launch.planning.job import (
+    job_environment,
+    launch_files,
+    rank_command,
+    stale_state,
+)
+from areal_watchdog.launch.planning.plan import LaunchPlan, ProcessSpec
 from areal_watchdog.launch.ray import handle
 from areal_watchdog.launch.ray.cluster import OwnCluster
 from areal_watchdog.launch.ray.run import RayRun
@@ -40,7 +46,7 @@ TORCHRUN_REFUSED = (
     "spmd (AReaL's Ray launcher)"
 )
 SPMD_LAUNCHER = "areal.infra.launcher.ray"  # AReaL's Ray launcher (SPMD)
-CONTROLLER_MODULE = "areal_watchdog.rank.ray_controller"  # ray.init(), then the script
+CONTROLLER_MODULE = "areal_watchdog.rank.ray.ray_controller"  # ray.init(), then the script
 
 
 class RayRecovery(Recovery):

@@ -19,9 +19,9 @@ from typing import TextIO
 
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.launch.exit_codes import ExitCode
-from areal_watchdog.launch.job import prepare_run_dir
 from areal_watchdog.launch.local import JOB_END_BUDGET_S, cancel_verdict
-from areal_watchdog.launch.plan import LaunchPlan
+from areal_watchdog.launch.planning.job import prepare_run_dir
+from areal_watchdog.launch.planning.plan import LaunchPlan
 from areal_watchdog.launch.processes import Interrupts
 from areal_watchdog.launch.ray.guardian import start_guardian
 from areal_watchdog.launch.ray.jobs import (

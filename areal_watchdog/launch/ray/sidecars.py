@@ -19,7 +19,7 @@ from typing import Any
 
 from areal_watchdog.common.atomic import open_append
 from areal_watchdog.common.interprocess.parent import die_with_parent
-from areal_watchdog.launch.job import sidecar_command
+from areal_watchdog.launch.planning.job import sidecar_command
 from areal_watchdog.rundir.layout import ENV_RAYLET, ENV_RUN_ID
 
 NAMESPACE = "areal-watchdog"

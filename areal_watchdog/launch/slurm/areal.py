@@ -35,13 +35,18 @@ from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
 from areal_watchdog.common.errors import ConfigError
-from areal_watchdog.config.areal import parse_allocation
+from areal_watchdog.config.areal_side.areal import parse_allocation
 from areal_watchdog.config.model import JobConfig
-from areal_watchdog.launch.areal import SLURM_NODE, plan_areal
-from areal_watchdog.launch.job import job_environment, launch_files, sidecar_command, stale_state
 from areal_watchdog.launch.local import LocalBackend
-from areal_watchdog.launch.plan import LaunchPlan, ProcessSpec
-from areal_watchdog.launch.slurm.jobs import cancel_jobs
+from areal_watchdog.launch.planning.areal import SLURM_NODE, plan_areal
+from areal_watchdog.launch.planning.job import (
+    job_environment,
+    launch_files,
+    sidecar_command,
+    stale_state,
+)
+from areal_watchdog.launch.planning.plan import LaunchPlan, ProcessSpec
+from areal_watchdog.launch.slurm.control.jobs import cancel_jobs
 from areal_watchdog.launch.slurm.node import ServerNodes
 from areal_watchdog.launch.slurm.options import validate_slurm
 from areal_watchdog.launch.slurm.scheduler_command import scheduler_command

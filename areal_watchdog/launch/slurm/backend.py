@@ -22,9 +22,9 @@ from typing import Any, TextIO
 
 from areal_watchdog.common.atomic import write_json_atomic
 from areal_watchdog.common.errors import UserError
-from areal_watchdog.config.entrypoint import launch_mode
+from areal_watchdog.config.areal_side.entrypoint import launch_mode
 from areal_watchdog.config.model import HangAction, JobConfig
-from areal_watchdog.launch.job import (
+from areal_watchdog.launch.planning.job import (
     job_environment,
     launch_files,
     prepare_run_dir,
@@ -32,25 +32,25 @@ from areal_watchdog.launch.job import (
     sidecar_command,
     stale_state,
 )
-from areal_watchdog.launch.plan import LaunchPlan, ProcessSpec
+from areal_watchdog.launch.planning.plan import LaunchPlan, ProcessSpec
 from areal_watchdog.launch.run_handle import Described
-from areal_watchdog.launch.slurm import handle
 from areal_watchdog.launch.slurm.areal import (
     execute_single_controller,
     plan_single_controller,
     spmd_shape,
 )
-from areal_watchdog.launch.slurm.jobs import (
+from areal_watchdog.launch.slurm.control import handle
+from areal_watchdog.launch.slurm.control.jobs import (
     ACTIVE_STATES,
     JOB_ID,
     job_state,
     recorded_job_id,
     wait_for_job,
 )
+from areal_watchdog.launch.slurm.control.same_allocation import attempt_ended, request
 from areal_watchdog.launch.slurm.node import NodeJob
 from areal_watchdog.launch.slurm.options import container_prefix, validate_slurm
 from areal_watchdog.launch.slurm.recovery import SlurmRecovery
-from areal_watchdog.launch.slurm.same_allocation import attempt_ended, request
 from areal_watchdog.launch.slurm.scheduler_command import scheduler_command
 from areal_watchdog.rundir.launch_info import LaunchInfo
 from areal_watchdog.rundir.layout import RunLayout

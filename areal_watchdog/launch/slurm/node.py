@@ -18,11 +18,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from areal_watchdog.common.atomic import read_json, write_json_atomic
-from areal_watchdog.launch.gate import pass_gate
-from areal_watchdog.launch.plan import Gate
-from areal_watchdog.launch.slurm.jobs import expand_nodelist, last_said, slurm
-from areal_watchdog.launch.slurm.same_allocation import resumed_attempt
-from areal_watchdog.launch.torchrun import multi_node, torchrun_command
+from areal_watchdog.launch.planning.gate import pass_gate
+from areal_watchdog.launch.planning.plan import Gate
+from areal_watchdog.launch.planning.torchrun import multi_node, torchrun_command
+from areal_watchdog.launch.slurm.control.jobs import expand_nodelist, last_said, slurm
+from areal_watchdog.launch.slurm.control.same_allocation import resumed_attempt
 from areal_watchdog.rundir.layout import ENV_NODE, RunLayout
 
 SIDECAR_FINISH_WAIT = 30.0  # seconds to wait for the leading sidecar's final word

@@ -10,7 +10,7 @@ from typing import Protocol
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.config.model import JobConfig
 from areal_watchdog.launch.recovery import Recovery
-from areal_watchdog.launch.slurm.jobs import cluster_nodes
+from areal_watchdog.launch.slurm.control.jobs import cluster_nodes
 from areal_watchdog.launch.slurm.replay import NEW_ALLOCATION, SlurmReplayHost
 
 _WHERE_RESUMED = {  # where a resume runs on Slurm, by launch mode (or resume.allocation)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from areal_watchdog.common.rankset import format_ranks
 from areal_watchdog.config.model import JobConfig
-from areal_watchdog.launch.slurm.jobs import expand_nodelist, job_state
+from areal_watchdog.launch.slurm.control.jobs import expand_nodelist, job_state
 from areal_watchdog.launch.slurm.options import container_prefix, validate_slurm
 from areal_watchdog.trajectory.replay.replay_plan import ReplayRequest, plan_replay_config
 

@@ -1,5 +1,5 @@
 """What a sidecar asks of Slurm, where no launcher can be asked: the backend records this
-module as ``LaunchInfo.scheduler_command`` and ``watch.scheduler`` runs it with a verb. The
+module as ``LaunchInfo.scheduler_command`` and ``watch.cluster.scheduler`` runs it with a verb. The
 sidecar knows no scheduler; every Slurm name it needs is read here.
 
 - ``where RUN_DIR``: this node's name, the job's nodes and the job id, as one JSON line;
@@ -20,8 +20,13 @@ from pathlib import Path
 
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.config.model import HangAction
-from areal_watchdog.launch.slurm.jobs import cancel_jobs, checked_job_id, expand_nodelist, job_steps
-from areal_watchdog.launch.slurm.jobs import slurm as run_slurm
+from areal_watchdog.launch.slurm.control.jobs import (
+    cancel_jobs,
+    checked_job_id,
+    expand_nodelist,
+    job_steps,
+)
+from areal_watchdog.launch.slurm.control.jobs import slurm as run_slurm
 from areal_watchdog.rundir.launch_info import LaunchInfo
 
 MODULE = "areal_watchdog.launch.slurm.scheduler_command"

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from areal_watchdog.common.plugins import load, registered
-from areal_watchdog.config.checks import Checker
+from areal_watchdog.config.reading.checks import Checker
 from areal_watchdog.config.sinks import (
     COMMON_KEYS,
     SOURCE_SUFFIXES,

@@ -7,7 +7,7 @@ not the cancel: a local launcher also hears the request at once through the pipe
 sidecar (``ENV_CANCEL_FD``), as the same JSON on one line. Who then ends the job: the local
 launcher (its pipe), the Ray driver (it polls the record), or where a scheduler runs the job,
 the command its backend recorded at launch (``LaunchInfo.scheduler_command``, run by
-``watch.scheduler``).
+``watch.cluster.scheduler``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What a sidecar left to finish after the job ended: the timelines still to draw and the
-notifications still to send, handed to a detached process (``watch/late_finish.py``) so that
-neither a picture nor a slow channel holds the launcher, and with it the allocation.
+notifications still to send, handed to a detached process (``watch/timelines/late_finish.py``) so
+that neither a picture nor a slow channel holds the launcher, and with it the allocation.
 
 One record per node, written by the sidecar when it hands the work over and by the late finish
 as it goes; ``areal-launch status`` reads it. The late finish is bounded by ``deadline``: a

@@ -1,5 +1,5 @@
 """Every node's last status, as its sidecar published it (``status/<node>.json``): read by
-``areal-launch status`` for any backend, written by ``watch/coordination.py``."""
+``areal-launch status`` for any backend, written by ``watch/cluster/coordination.py``."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 The replay starts from the run's own resolved config (``watchdog/launch_config.yaml``) under a
 new trial name (``<trial>_replay<step>``), so the original run's checkpoints and logs are never
 touched; rollout is bypassed (our ``Replay`` API in a script written for it, our hook of
-AReaL's trainer in an AReaL experiment, ``rank.areal_trajectory``), and the watchdog runs as in
-the original job.
+AReaL's trainer in an AReaL experiment, ``rank.areal_hooks.areal_trajectory``), and the watchdog
+runs as in the original job.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from areal_watchdog.common.atomic import read_json
 from areal_watchdog.common.errors import UserError
 from areal_watchdog.common.rankset import format_ranks
 from areal_watchdog.common.secrets.redact import REDACTED
-from areal_watchdog.config.areal import parse_allocation
-from areal_watchdog.config.entrypoint import launch_mode
+from areal_watchdog.config.areal_side.areal import parse_allocation
+from areal_watchdog.config.areal_side.entrypoint import launch_mode
 from areal_watchdog.config.load import load_config
 from areal_watchdog.config.model import HangAction, JobConfig
 from areal_watchdog.rundir.layout import RunLayout

@@ -12,7 +12,7 @@ areal_conclude() {
   done
 }
 areal_conclude
-while ${container_prefix}${python} -m areal_watchdog.launch.slurm.same_allocation ${run_dir}; do
+while ${container_prefix}${python} -m areal_watchdog.launch.slurm.control.same_allocation ${run_dir}; do
   ${sidecar_step} &
   ${job_step}
   areal_step_status=$$?

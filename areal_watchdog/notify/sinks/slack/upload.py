@@ -14,7 +14,7 @@ import requests
 
 from areal_watchdog.common.secrets.redact import Redactor
 from areal_watchdog.config.sinks import ResolvedSink
-from areal_watchdog.notify.delivery import post_within
+from areal_watchdog.notify.sinks.deadline_post import post_within
 
 FORM = "application/x-www-form-urlencoded"
 JSON = "application/json; charset=utf-8"
