@@ -1,5 +1,7 @@
 """HangBench: ``python -m benchmarks.hangbench`` runs every case under every tool and writes the
-scorecard (``--only``, ``--tool``, ``--repeat`` for the impatient; docs/hangbench.md).
+scorecard (``--only``, ``--tool``, ``--repeat`` for the impatient; ``--quick``: the chosen third
+of the cases marked ``quick: true``, under areal-watchdog unless ``--tool`` says otherwise, in
+under 15 minutes; docs/hangbench.md).
 
 Each tool watches a run of its own: no tool's action (a kill, a ``SIGCONT``, a launcher in
 torchrun's place) reaches another's score. A run lasts until the case's limit has passed since
@@ -43,37 +45,41 @@ def main() -> int:
         print(f"hangbench: {error}", file=sys.stderr)
         return 2
     selected = [c for c in cases if not args.only or any(o in c.name for o in args.only.split(","))]
+    selected = [c for c in selected if c.quick or not args.quick]
     if not selected:
         print(f"hangbench: no case matches --only {args.only}; see --list", file=sys.stderr)
         return 2
     if args.list:
         for case in cases:
-            print(f"{case.name:32} {scorecard._label(case)}")
+            print(f"{case.name:32} {'quick ' if case.quick else '      '}{scorecard._label(case)}")
         return 0
     global UPLOAD
     UPLOAD = SlowEndpoint()
     receiver = Receiver("hangbench-secret")
     os.environ.update(BENCH_HOOK_URL=receiver.url(), BENCH_HOOK_SECRET="hangbench-secret")
     every = [AreaLWatchdog(receiver), TorchTimeout(), FlightRecorderTrace(), FaultTolerance()]
-    names = args.tool.split(",") if args.tool else [t.name for t in every]
+    quick = [AreaLWatchdog.name] if args.quick else [t.name for t in every]
+    names = args.tool.split(",") if args.tool else quick
     if unknown := set(names) - {t.name for t in every}:
         print(f"hangbench: unknown --tool {sorted(unknown)}; choose from "
               f"{', '.join(t.name for t in every)}", file=sys.stderr)  # fmt: skip
         return 2
     tools = [t for t in every if t.name in names]
     try:
-        scores = bench(selected, tools, args.repeat, args.out)
+        subset = "quick: the chosen third" if args.quick else ""
+        subset = f"--only {args.only}" if args.only else subset
+        scores = bench(selected, tools, args.repeat, args.out, subset)
     finally:
         receiver.close()
         UPLOAD.close()
     return 0 if scores else 1
 
 
-def bench(cases: list, tools: list, repeat: int, out: Path) -> list:
+def bench(cases: list, tools: list, repeat: int, out: Path, subset: str = "") -> list:
     started, scores = time.time(), []
     meta = {"when": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "repeat": repeat,
             "tools": [t.name for t in tools], "machine": f"{os.cpu_count()} cores",
-            "commit": _commit()}  # fmt: skip
+            "commit": _commit(), "subset": subset}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="hangbench-") as tmp:
         for n, case in enumerate(cases, 1):
             for r in range(repeat):
@@ -169,6 +175,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeat", type=int, default=1, help="runs of each case (default 1)")
     parser.add_argument("--out", type=Path, default=Path("hangbench-results"),
                         help="where the scorecard goes (default hangbench-results/)")  # fmt: skip
+    parser.add_argument("--quick", action="store_true",
+                        help="the chosen third of the cases (quick: true), under areal-watchdog "
+                        "unless --tool says otherwise: under 15 minutes")  # fmt: skip
     parser.add_argument("--list", action="store_true", help="list the cases and their labels")
     return parser
 

@@ -42,6 +42,7 @@ class Case:
     label: Label
     needs: tuple[str, ...] = field(default=())
     limit: float = 25.0  # seconds a tool has from the hang (the collective timeout is set to it)
+    quick: bool = False  # one of the chosen third that ``--quick`` runs
 
     @property
     def trial(self) -> str:
@@ -80,6 +81,7 @@ def load_case(folder: Path) -> Case:
         label=_label(_mapping(raw.get("label"), path, "label"), path),
         needs=needs,
         limit=float(raw.get("limit", 25.0)),
+        quick=_optional(raw, "quick", bool, path, False),
     )
 
 
@@ -101,6 +103,12 @@ def _required(raw: dict[str, Any], key: str, kind: type, path: Path, prefix: str
     if not isinstance(raw[key], kind):
         raise CaseError(f"{path}: {prefix}{key}: {raw[key]!r} is not a {kind.__name__}")
     return raw[key]
+
+
+def _optional(raw: dict[str, Any], key: str, kind: type, path: Path, default: Any) -> Any:
+    if key in raw and not isinstance(raw[key], kind):
+        raise CaseError(f"{path}: {key}: {raw[key]!r} is not a {kind.__name__}")
+    return raw.get(key, default)
 
 
 def _mapping(value: object, path: Path, key: str) -> dict[str, Any]:

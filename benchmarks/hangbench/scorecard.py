@@ -108,7 +108,9 @@ def markdown(scores: list[Score], cases: list[Case], tools: list[str], summary: 
     doubts = sum(bool(s.doubt) for s in scores)
     where = f"{meta.get('commit', '?')} ({meta.get('machine', '?')})"
     healthy = sum(c.label.healthy for c in cases)
-    lines = [f"HangBench, {meta['when']}, on {where}: {len(cases)} cases ({healthy} healthy), "
+    subset = f"{meta['subset']}, " if meta.get("subset") else ""
+    lines = [f"HangBench, {meta['when']}, on {where}: {len(cases)} cases ({subset}{healthy} "
+             "healthy), "
              f"{meta['repeat']} run(s) each, each tool on runs of its own, "
              f"{meta['minutes']:.1f} min; {doubts} run(s) contradicted their label and score "
              "for no tool.", "",

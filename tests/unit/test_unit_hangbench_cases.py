@@ -41,6 +41,21 @@ def test_the_cases_place_every_torchrun_hang_early_and_late() -> None:
     assert "init_deadlock" in {c.label.kind for c in hangs}
 
 
+def test_the_quick_third_has_a_third_healthy_and_every_demo_hang_kind() -> None:
+    """``--quick`` checks a claim in under 15 minutes: a third of the cases, a third of those
+    healthy (slow phases past the watchdog's threshold among them), none that needs a cluster
+    or waits a long limit, and hangs of every kind the gloo demo makes."""
+    cases = load_cases()
+    quick = [c for c in cases if c.quick]
+    assert 3 * len(quick) >= len(cases) - 1 and 3 * sum(c.label.healthy for c in quick) >= len(
+        quick
+    )
+    assert all(not c.needs and c.limit <= 30 for c in quick)
+    kinds = {c.label.kind for c in quick if not c.label.healthy}
+    assert {"collective_mismatch", "collective_stuck", "straggler", "rank_crashed"} <= kinds
+    assert sum(c.label.healthy and "phases" in c.config.get("demo", {}) for c in quick) >= 4
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
@@ -55,6 +70,11 @@ def test_the_cases_place_every_torchrun_hang_early_and_late() -> None:
             "title: t\nbase: examples/hang_demo/config.yaml\nneeds: [gpus]\n"
             "label: {healthy: true}\n",
             "needs: ['gpus'] unknown",
+        ),
+        (
+            "title: t\nbase: examples/hang_demo/config.yaml\nquick: yes please\n"
+            "label: {healthy: true}\n",
+            "quick: 'yes please' is not a bool",
         ),
     ],
 )
