@@ -115,7 +115,10 @@ def run_case(case, tools: list, repeat: int, folder: Path, evidence: Path) -> li
             scores.append(scorecard.Score(case.name, tool.name, repeat, case.label.healthy,
                                           doubt=doubt))  # fmt: skip
         else:
-            scores.append(scorecard.score(case, run, tool.name, repeat, tool.signal(run), GRACE_S))
+            saw = tool.saw(run) if hasattr(tool, "saw") else ""
+            scores.append(
+                scorecard.score(case, run, tool.name, repeat, tool.signal(run), GRACE_S, saw)
+            )
         _keep(own, evidence / folder.name / tool.name)
     return scores
 

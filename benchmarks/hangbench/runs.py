@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,14 @@ class Run:
                     return datetime.strptime(stamp.group(1), "%Y%m%d-%H:%M:%S.%f").timestamp()
                 return arrived
         return None
+
+    def longest_silence(self) -> float | None:
+        """The longest time between two step lines: a healthy case's phase ran when it is about
+        the phase's length (None: fewer than two steps)."""
+        times = [self.step_at(int(m.group(1))) for _, line in self.lines
+                 if (m := STEP_LINE.search(line))]  # fmt: skip
+        known = sorted(t for t in times if t is not None)
+        return max((b - a for a, b in pairwise(known)), default=None)
 
     def rank_logs(self) -> list[Path]:
         return sorted(self.run_dir.glob("**/attempt_*/*/stderr.log"))

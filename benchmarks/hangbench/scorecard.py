@@ -29,6 +29,8 @@ class Score:
     empty: str = ""  # why the cell is empty (the tool could not run here)
     doubt: str = ""  # the run contradicted the label: it scores for no tool
     culprit_labelled: bool = False  # the label names culprit ranks (found or not)
+    saw: str = ""  # what the tool saw short of a signal (the watchdog: the looks it wrote)
+    silence_s: float | None = None  # a healthy run's longest time between steps: its phase ran
 
     @property
     def detected(self) -> bool:
@@ -47,15 +49,20 @@ class Score:
 
 
 def score(
-    case: Case, run: Run, tool: str, repeat: int, signal: Signal | None, grace: float
-) -> Score:
-    """A signal later than the case's limit (and the grace a timeout set to it needs) is none."""
+    case: Case, run: Run, tool: str, repeat: int, signal: Signal | None, grace: float,
+    saw: str = "",
+) -> Score:  # fmt: skip
+    """A signal later than the case's limit (and the grace a timeout set to it needs) is none;
+    a healthy run keeps how long its longest silence lasted (its phase ran) and what the tool
+    saw of it."""
     label = case.label
     labelled = bool(label.culprit_ranks) and not label.healthy
-    if label.healthy or signal is None:
+    if label.healthy:
         seconds = signal.at - run.started if signal else None
-        return Score(case.name, tool, repeat, label.healthy, signal, seconds,
-                     culprit_labelled=labelled)  # fmt: skip
+        return Score(case.name, tool, repeat, True, signal, seconds, saw=saw,
+                     silence_s=run.longest_silence())  # fmt: skip
+    if signal is None:
+        return Score(case.name, tool, repeat, False, culprit_labelled=labelled, saw=saw)
     hang_at = run.step_at(label.after_step)
     seconds = signal.at - hang_at if hang_at else None
     if seconds is None or seconds > case.limit + grace:
@@ -155,7 +162,9 @@ def _one(s: Score) -> str:
     if s.doubt:
         return f"- ({s.doubt})"
     if s.healthy:
-        return f"**false alarm** at {s.seconds:.1f} s" if s.signal else "quiet"
+        silence = f"silence {s.silence_s:.0f} s" if s.silence_s is not None else "no step"
+        seen = "; ".join(x for x in (silence, s.saw) if x)
+        return (f"**false alarm** at {s.seconds:.1f} s" if s.signal else "quiet") + f" ({seen})"
     if s.signal is None:
         return "missed"
     if s.false_alarm:

@@ -72,6 +72,11 @@ class AreaLWatchdog:
             return Signal(request.wall, kinds, ranks, verdict.get("summary", "")[:160])
         return None
 
+    def saw(self, run: Run) -> str:
+        """What it saw short of posting: the looks it wrote and did not post."""
+        looks = len(list((run.run_dir / "suspected").glob("*/report.json")))
+        return f"{looks} look(s) written, not posted" if looks else "no look"
+
 
 def _report(run: Run, incident_id: str) -> dict:
     path = run.run_dir / "incidents" / incident_id / "report.json"

@@ -13,6 +13,7 @@ from benchmarks.hangbench.scorecard import Score, markdown, score, totals
 from benchmarks.hangbench.tools import Signal
 
 STEP_3_AT = 100.0  # when the last good step's line arrived
+META = {"when": "now", "repeat": 1, "minutes": 1.0, "commit": "abc1234", "machine": "2 cores"}
 
 
 def case(name: str, label: Label) -> Case:
@@ -64,9 +65,20 @@ def test_the_totals_count_every_labelled_run_found_or_not() -> None:
     assert (line["right_culprit"], line["culprit_cases"]) == (1, 3)
     assert (line["min_s"], line["median_s"], line["max_s"]) == (1.0, 4.0, 10.0)
     assert (line["false_alarms"], line["healthy"], line["empty"], line["doubts"]) == (1, 2, 1, 1)
-    meta = {"when": "now", "repeat": 1, "minutes": 1.0, "commit": "abc1234", "machine": "2 cores"}
-    table = markdown(scores, [STUCK, MISMATCH, HEALTHY], ["t"], [line], meta)
+    table = markdown(scores, [STUCK, MISMATCH, HEALTHY], ["t"], [line], META)
     assert table.startswith("HangBench, now, on abc1234 (2 cores): 3 cases (1 healthy)")
     assert "1 run(s) contradicted their label and score for no tool" in table
     assert "- (label doubt: step 4 was printed)" in table
     assert "| t | **2 of 4** | 3 of 4 | 1.0 / 4.0 / 10.0 | 3 of 4 | 1 of 3 | 1 of 2 |" in table
+
+
+def test_a_healthy_cell_shows_that_its_phase_ran_and_what_the_tool_saw() -> None:
+    """A quiet healthy run is only a pass where its phase ran: the cell says the longest
+    silence between steps and the looks the watchdog wrote without posting."""
+    steps = [(100.0, "Train step 9/16 done"), (100.3, "Train step 10/16 done"),
+             (121.0, "Train step 11/16 done")]  # fmt: skip
+    run = Run(HEALTHY, Path("/r"), Path("/r/run"), 90.0, steps, 0)
+    quiet = score(HEALTHY, run, "t", 0, None, 5.0, saw="2 look(s) written, not posted")
+    assert round(quiet.silence_s or 0, 1) == 20.7 and not quiet.false_alarm
+    table = markdown([quiet], [HEALTHY], ["t"], [totals([quiet], "t")], META)
+    assert "quiet (silence 21 s; 2 look(s) written, not posted)" in table
