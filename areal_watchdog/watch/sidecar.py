@@ -69,8 +69,9 @@ class Sidecar:
         self.voice = Voice(node, layout.logs_dir, Redactor.from_environment(), out)
         say, log = self.voice.say, self.voice.log
         clock = StallClock(
-            wd.stall_timeout, wd.startup_timeout, wd.auto_factor, wd.auto_min_timeout,
-            wd.teardown_timeout,
+            stall_timeout=wd.stall_timeout, startup_timeout=wd.startup_timeout,
+            auto_factor=wd.auto_factor, auto_min_timeout=wd.auto_min_timeout,
+            teardown_timeout=wd.teardown_timeout,
         )  # fmt: skip
         specs = [SinkSpec.from_dict(d) for d in wd.notify]
         notifier = Notifier(
