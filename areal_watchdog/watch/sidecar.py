@@ -65,7 +65,7 @@ class Sidecar:
         out: IO[str] = sys.stdout,
     ) -> None:  # fmt: skip
         wd, layout = info.watchdog, info.layout
-        self.info, self.out = info, out
+        self.info = info
         self.voice = Voice(node, layout.logs_dir, Redactor.from_environment(), out)
         say, log = self.voice.say, self.voice.log
         clock = StallClock(

@@ -39,9 +39,8 @@ def sidecar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Sidecar:
 
 
 def lines(sidecar: Sidecar) -> list[str]:
-    return [
-        line.removeprefix("[areal-watchdog n1] ") for line in sidecar.out.getvalue().split("\n")
-    ]
+    said = sidecar.voice.out.getvalue().split("\n")
+    return [line.removeprefix("[areal-watchdog n1] ") for line in said]
 
 
 def append(sidecar: Sidecar, text: str) -> None:
