@@ -354,6 +354,19 @@ def test_a_livelock_through_several_functions_is_a_warning_then_the_hard_limit_e
     assert d.cancelling and d.reports[-1]["confirmation"]["by"] == "hard_limit"
 
 
+def test_a_livelock_early_in_a_job_is_warned_of_by_90_s_whatever_the_threshold() -> None:
+    """HangBench's early livelock: at step 3 the threshold is still 60 s, so looks a threshold
+    apart (at 60 and 120 s) would carry the 90 s warning past the 120 s a user is promised; the
+    look after a moving one comes when the warning falls due."""
+    evidence, pid = straggler()
+    d = desk(*looping(evidence, pid, ["normalize", "tokenize", "validate"] * 20))
+    d.clock.stall_timeout = 60.0
+    d.stall(1.0)
+    d.run_until(119.0)
+    (warning,) = [r for r in d.reports if r["posted"]]
+    assert 90 <= warning["at"] < 110 and warning["confirmation"]["livelock"]["ranks"] == [2]
+
+
 def test_every_episode_failing_while_the_server_churns_is_a_warning_quoting_its_exception():
     """The recorded run where every episode raises: each second look sees the server generate
     (for episodes that then fail), which dismisses the look, never the retry loop; past 90 s
@@ -388,3 +401,20 @@ def test_a_processs_movement_crosses_nodes_whole() -> None:
     sent = json.loads(json.dumps(plain(rank)))
     assert Evidence.rank_from_dict(sent).movement == rank.movement
     assert ProcessMovement.from_dict({"counters": "torn"}) is None
+
+
+def test_storage_that_stops_answering_is_final_only_after_a_minute() -> None:
+    """The recorded FUSE stall (every rank in ``read()``, the server silent): storage can fail
+    over and answer again, so the first look is written, not posted; a step before 60 s of
+    silence ends it quietly, and without one the look at 60 s posts it as proof."""
+    stalled = recorded("evidence/storage_stall_w4_r0-1-2-3--fuse-dead.json")
+    failover = desk(stalled)
+    failover.stall(THRESHOLD)
+    failover.run_until(100.0, step_at=45.0)
+    assert [r["posted"] for r in failover.reports] == [False]
+    dead = desk(stalled)
+    dead.stall(THRESHOLD)
+    dead.run_until(100.0)
+    posted = [r for r in dead.reports if r["posted"]]
+    assert [r["category"] for r in posted] == ["storage_stall"] and posted[0]["at"] >= 60
+    assert posted[0]["confirmation"]["by"] == "evidence" and dead.cancelling

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from recording import record_evidence
 
 from conftest import FAST
 from testkit.fuse_storage import FuseStorage, available
@@ -60,14 +61,17 @@ def test_storage_that_stops_answering_is_a_storage_stall(
     launcher: Launcher, tmp_path: Path
 ) -> None:
     """Every rank reads its next 1 MB of a shard on a FUSE mount at every step; from step 5 on
-    the server answers no read. The report names the mount, its filesystem and the files; the
-    cancel ends the ranks; once the storage answers again nothing of the run is left."""
+    the server answers no read. Storage can answer again (a failover): the look is final once
+    it has not for 60 s (NFS's own major timeout), before the hard limit. The report names the
+    mount, its filesystem and the files; the cancel ends the ranks; once the storage answers
+    again nothing of the run is left."""
     mount = tmp_path / "shards"
     storage = FuseStorage(mount, ranks=4, size_mb=16, freeze_at_mb=4)
     try:
         result = launcher.run(
             [
                 *FAST,
+                "+watchdog.cancel_after=120",
                 "launch.nproc_per_node=4",
                 "demo.hang=none",
                 "demo.steps=10",
@@ -94,7 +98,10 @@ def test_storage_that_stops_answering_is_a_storage_stall(
     }
     assert {w["state"] for w in waits} <= {"S", "D"}  # FUSE's reader sleeps, NFS's is in D
     log = (result.run_dir / "watchdog" / "logs").glob("sidecar_*.log")
-    assert "report written" in next(log).read_text()
+    text = next(log).read_text()
+    assert "report written" in text and "it may answer again (a failover)" in text
+    assert report["confirmation"]["by"] == "evidence" and 60 <= report["stalled_for_s"] < 75
+    record_evidence(report, "storage_stall_w4_r0-1-2-3--fuse-dead")
 
 
 def test_a_retry_loop_flooding_its_log_is_no_work_and_the_hard_limit_ends_it(

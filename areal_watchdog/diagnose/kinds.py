@@ -9,7 +9,10 @@ is one row below. What the rows decide:
 - ``time_decides``: no stack tells a slow phase from a hang (an episode inside a tool), so only
   the hard limit ends the silence, never a look;
 - ``damage``: the job moves on but trains on wrong data (rewards that silently fall back to 0):
-  posted once as a warning while it goes on, never cancelled for it.
+  posted once as a warning while it goes on, never cancelled for it;
+- ``settle_s``: proof only once the silence has lasted this long: storage that stops answering
+  can answer again (a server failing over), so it is final only at Linux NFS's own major
+  timeout (``timeo=600``, 60 s, when the kernel says "server not responding").
 
 The report's JSON Schema enums, the classifier's list of stack categories and the escalation
 read these rows (``tests/test_kinds.py`` fails when one of them drifts).
@@ -20,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
+
+STORAGE_SETTLE_S = 60.0  # Linux NFS's major timeout over TCP (timeo=600 deciseconds)
 
 
 class Severity(str, Enum):
@@ -41,6 +46,7 @@ class HangKind:
     damage: bool = False
     failure: bool = False  # the job failed, nothing hung (a webhook's ``job.failed``)
     stacks: bool = False  # a category the stacks decide (the collective record may overrule)
+    settle_s: float = 0.0  # proof only once the silence has lasted this long
 
 
 CATEGORIES: tuple[HangKind, ...] = (
@@ -53,7 +59,12 @@ CATEGORIES: tuple[HangKind, ...] = (
     HangKind("p2p_mismatch", "Point-to-point sends and receives do not match", stacks=True),
     HangKind("rank_crashed", "A rank crashed", proof=True, failure=True),
     HangKind("node_lost", "A node was lost", proof=True),
-    HangKind("storage_stall", "Ranks are blocked on storage that stopped answering", proof=True),
+    HangKind(
+        "storage_stall",
+        "Ranks are blocked on storage that stopped answering",
+        proof=True,
+        settle_s=STORAGE_SETTLE_S,
+    ),
     HangKind("rollout_stalled", "Rollouts stalled"),
     HangKind("weight_sync_stuck", "A weight update never completed"),
     HangKind("unknown", "The job stalled", stacks=True),

@@ -26,6 +26,12 @@ def strength(verdict: Verdict) -> str:
     return "time" if kind.time_decides or kind.damage or slow_phase(verdict) else "provable"
 
 
+def settles_in(verdict: Verdict, silent_s: float) -> float:
+    """Seconds until a conclusive verdict is final, at ``silent_s`` seconds of silence (0: it
+    is): storage that stops answering may be failing over, and answers again within a minute."""
+    return max(0.0, kind_of(verdict.category, verdict.cause).settle_s - silent_s)
+
+
 def slow_phase(verdict: Verdict) -> bool:
     """No rank waits on another: every rank is in its own code, idle (asleep, or waiting on its
     disk) or running (an evaluation on the CPU, a scoring loop), none in a collective, a

@@ -5,7 +5,8 @@ there with no data moving (``kernel_blocked_s`` in its counters).
 A rank in ``read()``, ``write()``, ``open()`` or ``stat()`` on a file of a mount, blocked there
 (state ``D``; or asleep, as a FUSE reader waits in ``request_wait_answer``) at every poll for
 ``BLOCKED_IN_KERNEL_S`` with no byte moving, waits on a server that does not answer (a dead
-NFS, Lustre or FUSE server): proof at the first look, naming the mount, its filesystem and the
+NFS, Lustre or FUSE server): proof once it has not answered for a minute (``kinds``'s
+``settle_s``: a server failing over answers again), naming the mount, its filesystem and the
 file. A rank only passing through (a page-cache miss, an fsync that completes) is never there
 that long with nothing moving. Pure: plain evidence in, a verdict out.
 """
@@ -55,7 +56,8 @@ def storage_stall(evidence: Evidence) -> Verdict | None:
     behind = f"; {ranks_phrase(others)} wait on them" if others else ""
     source = f" from {wait.source}" if wait.source and wait.source != wait.fstype else ""
     files = sorted({w.path for _, w in ranks_waits})
-    more = f" (and {len(files) - 1} other file(s))" if len(files) > 1 else ""
+    others = len(files) - 1
+    more = f" (and {others} other file{'s' if others > 1 else ''})" if others else ""
     return Verdict(
         "storage_stall",
         0.9,

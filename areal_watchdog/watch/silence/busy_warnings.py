@@ -33,6 +33,14 @@ class BusyWarnings:
         """Seconds without a step before a rank busy with no effect is posted as a warning."""
         return max(LIVELOCK_WARN_MIN, LIVELOCK_WARN_FACTOR * self.clock.max_interval)
 
+    def next_look(self, case: StallCase, planned: float | None, now: float) -> float | None:
+        """The next look no later than the moment this silence's warning falls due, while it
+        has not been posted: a threshold of 60 s early in a job must not carry a warning due
+        at 90 s past the 120 s its users were promised."""
+        if case.livelock_warned or planned is None:
+            return planned
+        return min(planned, now + max(0.0, self.livelock_after() - self.clock.silent_for(now)) + 1)
+
     def livelock(
         self, case: StallCase, first: Look, look: Look, what: list[str], now: float
     ) -> None:

@@ -52,7 +52,7 @@ from areal_watchdog.diagnose.movement import (
     only_stacks_moved,
     stacks_moved,
 )
-from areal_watchdog.diagnose.strength import DAMAGE, strength, verdict_key
+from areal_watchdog.diagnose.strength import DAMAGE, settles_in, strength, verdict_key
 from areal_watchdog.evidence.trigger import Trigger
 from areal_watchdog.watch.progress.stall_clock import StallClock
 from areal_watchdog.watch.silence.busy_warnings import BusyWarnings
@@ -133,7 +133,16 @@ class Escalation:
         culprits = culprits_phrase(verdict.culprit_ranks, verdict.culprit_workers)
         self.warn(case, look)
         delay = self.confirm_delay()
-        if kind == "conclusive" or delay <= 0:
+        settle = settles_in(verdict, self.clock.silent_for(look.at))
+        if kind == "conclusive" and settle > 0:
+            self.suspect(case, look, [], look.at, "")
+            case.next_look = look.at + min(settle + 1.0, self.clock.threshold)
+            self.say(
+                f"{verdict.category} suspected ({culprits}): it may answer again (a failover); "
+                f"final if it still does not in {settle:.0f} s, looking again in "
+                f"{case.next_look - look.at:.0f} s"
+            )
+        elif kind == "conclusive" or delay <= 0:
             self.conclude(case, look, "evidence" if kind == "conclusive" else "first_look", 0.0, [])
         elif kind == "time":
             self.suspect(case, look, [], look.at, f"{verdict.category} suspected ({culprits})")
@@ -213,8 +222,10 @@ class Escalation:
             self.suspect(case, first, what, now, "", after)
             if only_stacks_moved(what) and second.verdict.category == "straggler":
                 self.warnings.livelock(case, first, second, what, now)
+                case.next_look = self.warnings.next_look(case, case.next_look, now)
             elif retrying and second.step == first.step:
                 self.warnings.retry_loop(case, second, what, now)
+                case.next_look = self.warnings.next_look(case, case.next_look, now)
         elif self.past_limit(second.at) and second.step == case.step:
             self.conclude(case, second, "hard_limit", after, [])
         elif strength(second.verdict) == "time":
