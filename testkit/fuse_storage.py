@@ -2,7 +2,8 @@
 ``libfuse2`` through ``fusepy``) serving read-only ``shard-<rank>.bin`` files. A read at or past
 ``--freeze-at-mb`` waits, as a read from a dead NFS or Lustre server does (the reader sits in
 ``read()`` in the kernel, state ``D``, wait channel ``request_wait_answer``) until the server
-gets SIGUSR1: then every waiting read is answered and the storage serves again.
+gets SIGUSR1 (or, with ``--thaw-after S``, S seconds after the first read waited: a server
+that fails over): then every waiting read is answered and the storage serves again.
 
 ``python testkit/fuse_storage.py MOUNTPOINT --ranks 4 --size-mb 16 --freeze-at-mb 4`` (root:
 ``/dev/fuse``); ``FuseStorage`` mounts it for a test and takes it down again.
@@ -38,10 +39,10 @@ def available() -> str | None:
     return None
 
 
-def serve(mountpoint: str, ranks: int, size_mb: int, freeze_at_mb: int) -> None:
+def serve(mountpoint: str, ranks: int, size_mb: int, freeze_at_mb: int, thaw_after: float) -> None:
     from fuse import FUSE, FuseOSError, Operations
 
-    thawed = threading.Event()
+    thawed, frozen = threading.Event(), threading.Lock()
     signal.signal(signal.SIGUSR1, lambda *_: thawed.set())
     names = {f"/shard-{r}.bin" for r in range(ranks)}
     size = size_mb * MB
@@ -63,6 +64,8 @@ def serve(mountpoint: str, ranks: int, size_mb: int, freeze_at_mb: int) -> None:
             if path not in names:
                 raise FuseOSError(errno.ENOENT)
             if offset >= freeze_at_mb * MB:
+                if thaw_after and frozen.acquire(blocking=False):  # the first read to wait
+                    threading.Timer(thaw_after, thawed.set).start()
                 thawed.wait()  # the server stopped answering
             return b"\x5a" * min(length, max(0, size - offset))
 
@@ -75,11 +78,14 @@ class FuseStorage:
     """The filesystem mounted at ``mountpoint`` for a test: ``thaw`` makes it answer again,
     ``close`` thaws, unmounts and ends its server."""
 
-    def __init__(self, mountpoint: Path, ranks: int, size_mb: int, freeze_at_mb: int) -> None:
+    def __init__(
+        self, mountpoint: Path, ranks: int, size_mb: int, freeze_at_mb: int, thaw_after: float = 0
+    ) -> None:
         self.mountpoint = mountpoint
         mountpoint.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, __file__, str(mountpoint), "--ranks", str(ranks),
-                "--size-mb", str(size_mb), "--freeze-at-mb", str(freeze_at_mb)]  # fmt: skip
+                "--size-mb", str(size_mb), "--freeze-at-mb", str(freeze_at_mb),
+                "--thaw-after", str(thaw_after)]  # fmt: skip
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
         while not os.path.ismount(mountpoint):
@@ -109,5 +115,6 @@ if __name__ == "__main__":
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--size-mb", type=int, default=16)
     parser.add_argument("--freeze-at-mb", type=int, default=4)
+    parser.add_argument("--thaw-after", type=float, default=0.0, help="0: only on SIGUSR1")
     args = parser.parse_args()
-    serve(args.mountpoint, args.ranks, args.size_mb, args.freeze_at_mb)
+    serve(args.mountpoint, args.ranks, args.size_mb, args.freeze_at_mb, args.thaw_after)

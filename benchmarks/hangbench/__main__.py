@@ -4,14 +4,14 @@ of the cases marked ``quick: true``, under areal-watchdog unless ``--tool`` says
 under 15 minutes; docs/hangbench.md).
 
 Each tool watches a run of its own: no tool's action (a kill, a ``SIGCONT``, a launcher in
-torchrun's place) reaches another's score. A run lasts until the case's limit has passed since
-its hang (or until a healthy job ends); one that contradicts its label scores for no tool.
+torchrun's place) reaches another's score. A run lasts until the case's limit (or the tool's own
+longer timeout) has passed since its hang, or until a healthy job ends; one that contradicts its
+label scores for no tool.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import shutil
 import subprocess
@@ -21,9 +21,11 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from benchmarks.hangbench import runs, scorecard
+from benchmarks.hangbench import fixtures, runs, scorecard
 from benchmarks.hangbench.cases import CaseError, load_cases
 from benchmarks.hangbench.tools import (
+    TORCH_DEFAULT_S,
+    TUNED_TIMEOUT_S,
     AreaLWatchdog,
     FaultTolerance,
     FlightRecorderTrace,
@@ -34,7 +36,7 @@ from testkit.receiver import Receiver
 from testkit.slow_endpoint import SlowEndpoint
 
 UPLOAD: SlowEndpoint  # the slow HTTP endpoint upload cases post to
-GRACE_S = 5.0  # a run lasts this long past its limit: a timeout set to the limit is seen
+GRACE_S = 5.0  # a run lasts this long past its window: a timeout set to the window is seen
 
 
 def main() -> int:
@@ -57,7 +59,14 @@ def main() -> int:
     UPLOAD = SlowEndpoint()
     receiver = Receiver("hangbench-secret")
     os.environ.update(BENCH_HOOK_URL=receiver.url(), BENCH_HOOK_SECRET="hangbench-secret")
-    every = [AreaLWatchdog(receiver), TorchTimeout(), FlightRecorderTrace(), FaultTolerance()]
+    every = [
+        AreaLWatchdog(receiver),
+        TorchTimeout("torch-default", TORCH_DEFAULT_S, reach=0.0),
+        TorchTimeout("torch-tuned", TUNED_TIMEOUT_S, reach=TUNED_TIMEOUT_S),
+        FlightRecorderTrace(),
+        FaultTolerance("heartbeats"),
+        FaultTolerance("sections"),
+    ]
     quick = [AreaLWatchdog.name] if args.quick else [t.name for t in every]
     names = args.tool.split(",") if args.tool else quick
     if unknown := set(names) - {t.name for t in every}:
@@ -102,14 +111,16 @@ def run_case(case, tools: list, repeat: int, folder: Path, evidence: Path) -> li
     ``doubt`` where the run contradicts the label)."""
     scores = []
     for tool in tools:
-        if why := available(tool) or _needs(case):
+        if why := available(tool, case) or fixtures.missing(case):
             scores.append(scorecard.Score(case.name, tool.name, repeat, case.label.healthy,
                                           empty=why))  # fmt: skip
             continue
         own = folder / tool.name
-        launch = runs.prepare(case, own, UPLOAD.url())
-        tool.prepare(case, launch)
-        run = runs.run(case, launch, own, case.limit + GRACE_S)
+        with fixtures.beside(case, own) as storage_dir:
+            launch = runs.prepare(case, own, UPLOAD.url(), storage_dir)
+            tool.prepare(case, launch)
+            window = max(case.limit, tool.reach) + GRACE_S  # its own longer timeout is waited
+            run = runs.run(case, launch, own, window)
         if doubt := runs.label_doubt(run):
             print(f"  {case.name} ({tool.name}): {doubt}", flush=True)
             scores.append(scorecard.Score(case.name, tool.name, repeat, case.label.healthy,
@@ -117,7 +128,7 @@ def run_case(case, tools: list, repeat: int, folder: Path, evidence: Path) -> li
         else:
             saw = tool.saw(run) if hasattr(tool, "saw") else ""
             scores.append(
-                scorecard.score(case, run, tool.name, repeat, tool.signal(run), GRACE_S, saw)
+                scorecard.score(case, run, tool.name, repeat, tool.signal(run), window, saw)
             )
         _keep(own, evidence / folder.name / tool.name)
     return scores
@@ -148,26 +159,6 @@ def _commit() -> str:
     return (git("rev-parse", "--short", "HEAD") or "?") + (
         "+" if git("status", "--porcelain") else ""
     )
-
-
-def _needs(case) -> str:
-    """Why this machine cannot run the case ('' when it can)."""
-    if "slurm" in case.needs and not _slurm_up():
-        return "needs a Slurm cluster: bash scripts/slurm-cluster.sh up"
-    return ""
-
-
-@functools.cache
-def _slurm_up() -> bool:
-    """Whether a Slurm cluster answers with idle nodes (``SLURM_CONF``, else the one
-    scripts/slurm-cluster.sh brings up)."""
-    env = {**os.environ}
-    env.setdefault("SLURM_CONF", str(runs.SLURM_CONF))
-    if not shutil.which("sinfo") or not Path(env["SLURM_CONF"]).is_file():
-        return False
-    out = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True,
-                         check=False, timeout=60)  # fmt: skip
-    return out.returncode == 0 and "idle" in out.stdout.split()
 
 
 def _parser() -> argparse.ArgumentParser:

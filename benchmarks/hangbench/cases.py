@@ -12,7 +12,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CASES = Path(__file__).resolve().parent / "cases"
-NEEDS = {"vllm", "slurm"}  # what a case may need beyond torch and gloo
+NEEDS = {"vllm", "slurm", "fuse", "areal"}  # what a case may need beyond torch and gloo
 
 
 class CaseError(ValueError):
@@ -43,6 +43,14 @@ class Case:
     needs: tuple[str, ...] = field(default=())
     limit: float = 25.0  # seconds a tool has from the hang (the collective timeout is set to it)
     quick: bool = False  # one of the chosen third that ``--quick`` runs
+    storage: dict[str, Any] = field(default_factory=dict)  # a FUSE mount at {storage_dir}
+    areal_harness: tuple[str, ...] = ()  # make_tiny.py's arguments: the AReaL job's model, data
+
+    @property
+    def torchrun_ranks(self) -> bool:
+        """Whether torchrun starts the ranks (so the harness, a timeout or a heartbeat reaches
+        them): not in AReaL's single-controller mode, where its scheduler starts its workers."""
+        return (self.config.get("launch") or {}).get("mode") != "single_controller"
 
     @property
     def trial(self) -> str:
@@ -82,7 +90,21 @@ def load_case(folder: Path) -> Case:
         needs=needs,
         limit=float(raw.get("limit", 25.0)),
         quick=_optional(raw, "quick", bool, path, False),
+        storage=_storage(raw, path),
+        areal_harness=tuple(map(str, _optional(raw, "areal_harness", list, path, []))),
     )
+
+
+def _storage(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The shared storage the runner mounts for the case (``testkit/fuse_storage.py``): the
+    megabyte its reads stop being answered at, and the seconds until it answers again (0:
+    never)."""
+    storage = _mapping(raw.get("storage", {}), path, "storage")
+    if unknown := set(storage) - {"freeze_at_mb", "thaw_after"}:
+        raise CaseError(f"{path}: storage: {sorted(unknown)} unknown; use freeze_at_mb, thaw_after")
+    if storage and "fuse" not in raw.get("needs", ()):
+        raise CaseError(f"{path}: storage needs a FUSE mount; add needs: [fuse]")
+    return storage
 
 
 def _label(raw: dict[str, Any], path: Path) -> Label:

@@ -6,9 +6,13 @@ peer asks its users to add, added here once so that no case program knows about 
 - The Flight Recorder on, and NCCL's ``TORCH_NCCL_DUMP_ON_TIMEOUT`` emulated for gloo (which
   has none): a rank dumps its record (``<HANGBENCH_FR_DIR>/rank_<r>``, the pickle
   ``torchfrtrace`` reads) when a collective raises and when torchrun ends it.
-- nvidia-resiliency-ext's heartbeat once a step, after each optimizer step, when the rank runs
-  under ``ft_launcher``; its timeouts learned (``calculate_and_set_hb_timeouts``) after
-  ``HANGBENCH_FT_LEARN_AFTER`` steps.
+- Under ``ft_launcher``, nvidia-resiliency-ext's calls as its integration guides place them
+  (``HANGBENCH_FT_API``): a heartbeat after each optimizer step and each evaluation forward
+  pass (its example beats in its validation loop too), or the sections ``init`` (start to the
+  first forward pass) and ``step`` (a training step's forward pass to its optimizer step; an
+  evaluation forward pass), and the timeouts learned (``calculate_and_set_hb_timeouts``, or
+  ``calculate_and_set_section_timeouts(['step'])`` as its example does after an epoch) after
+  step ``HANGBENCH_FT_LEARN_AT``, the end of the job's first full cycle of phases.
 - A timestamped line when a collective raises (``HANGBENCH torch_error``): the moment the
   timeout fired, for the scorecard.
 
@@ -39,7 +43,8 @@ def main() -> None:
     if limit:
         set_collective_timeout(float(limit))
     if os.environ.get("FT_RANK_MONITOR_IPC_SOCKET"):
-        beat_every_step(int(os.environ.get("HANGBENCH_FT_LEARN_AFTER", "5")))
+        learn_at = int(os.environ["HANGBENCH_FT_LEARN_AT"])
+        FaultToleranceCalls(os.environ["HANGBENCH_FT_API"], learn_at)
     before = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, functools.partial(_dump_and_exit, before))
     sys.argv = [program, *sys.argv[1:]]
@@ -66,24 +71,61 @@ def set_collective_timeout(seconds: float) -> None:
         setattr(dist, name, functools.wraps(original)(with_timeout))
 
 
-def beat_every_step(learn_after: int) -> None:
-    """nvidia-resiliency-ext's documented calls: a heartbeat per step, timeouts learned later."""
-    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+class FaultToleranceCalls:
+    """nvidia-resiliency-ext's documented calls, hooked onto what every training loop does
+    (forward passes, optimizer steps), in this process only (not in forked DataLoader workers)."""
 
-    client = RankMonitorClient()
-    steps = [0]
+    def __init__(self, api: str, learn_at: int) -> None:
+        from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+        from torch.nn.modules import module
+        from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    def beat(*_: object) -> None:
-        if not client.is_initialized:
-            client.init_workload_monitoring()
-        client.send_heartbeat()
-        steps[0] += 1
-        if steps[0] == learn_after:
-            learned = client.calculate_and_set_hb_timeouts(skip_if_not_ready=True)
-            say("ft_learned", f"{learned} {client.hb_timeouts}")
+        self.api, self.learn_at, self.pid = api, learn_at, os.getpid()
+        self.client = RankMonitorClient()
+        self.client.init_workload_monitoring()
+        self.steps, self.depth, self.open = 0, 0, ""
+        if api == "sections":
+            self._section("init")
+        module.register_module_forward_pre_hook(self._forward_begins)
+        module.register_module_forward_hook(self._forward_ends)
+        register_optimizer_step_post_hook(self._stepped)
 
-    register_optimizer_step_post_hook(beat)
+    def _section(self, name: str) -> None:
+        if self.open:
+            self.client.end_section(self.open)
+        if name:
+            self.client.start_section(name)
+        self.open = name
+
+    def _forward_begins(self, *_: object) -> None:
+        if os.getpid() == self.pid:
+            self.depth += 1
+            if self.depth == 1 and self.api == "sections" and self.open != "step":
+                self._section("step")
+
+    def _forward_ends(self, *_: object) -> None:
+        if os.getpid() != self.pid:
+            return
+        self.depth -= 1
+        if self.depth == 0 and not torch.is_grad_enabled():  # an evaluation step
+            if self.api == "heartbeats":
+                self.client.send_heartbeat()
+            else:
+                self._section("")
+
+    def _stepped(self, *_: object) -> None:
+        if self.api == "heartbeats":
+            self.client.send_heartbeat()
+        else:
+            self._section("")
+        self.steps += 1
+        if self.steps == self.learn_at:
+            if self.api == "heartbeats":
+                self.client.calculate_and_set_hb_timeouts(skip_if_not_ready=True)
+                say("ft_learned", str(self.client.hb_timeouts))
+            else:
+                self.client.calculate_and_set_section_timeouts(["step"], calc_out_of_section=False)
+                say("ft_learned", str(self.client.section_timeouts))
 
 
 def dump_flight_record() -> None:

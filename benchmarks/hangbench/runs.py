@@ -28,7 +28,9 @@ HARNESS = Path(__file__).resolve().parent / "harness.py"
 STEP_LINE = re.compile(r"Train step (\d+)/")
 STARTED = re.compile(r"HANGBENCH started rank=\S+ at=([\d.]+)")
 STEP_STAMP = re.compile(r"\(AReaL\) (\d{8}-\d\d:\d\d:\d\d\.\d{3}) ")
-HEALTHY_LIMIT = 150.0  # a healthy case that has not ended by then is ended
+HEALTHY_LIMIT = 300.0  # a healthy case that has not ended by then is ended (AReaL: ~2 min)
+HOOKS = "hooks.jsonl"  # what the receiver beside a run in a loopback namespace got
+LOOPBACK = REPO / "scripts" / "loopback.sh"
 SLURM_CONF = Path(os.environ.get("AREAL_SLURM_DIR", "/tmp/areal-slurm")) / "slurm.conf"
 
 
@@ -71,11 +73,13 @@ class Run:
         return None
 
     def longest_silence(self) -> float | None:
-        """The longest time between two step lines: a healthy case's phase ran when it is about
-        the phase's length (None: fewer than two steps)."""
+        """The longest time without a step line, from the first rank's start: a healthy case's
+        phase ran when it is about the phase's length (None: no step)."""
         times = [self.step_at(int(m.group(1))) for _, line in self.lines
                  if (m := STEP_LINE.search(line))]  # fmt: skip
-        known = sorted(t for t in times if t is not None)
+        if not any(times):
+            return None
+        known = sorted(t for t in [self.step_at(0), *times] if t is not None)
         return max((b - a for a, b in pairwise(known)), default=None)
 
     def rank_logs(self) -> list[Path]:
@@ -97,10 +101,12 @@ def label_doubt(run: Run) -> str:
     return ""
 
 
-def prepare(case: Case, folder: Path, upload_url: str) -> Launch:
+def prepare(case: Case, folder: Path, upload_url: str, storage_dir: str = "") -> Launch:
     """The case's config, its entrypoint the harness (which runs the case's program), with
-    ``{case}`` (its folder) and ``{upload_url}`` (the benchmark's slow endpoint) filled in."""
-    config = _fill(case.config, {"{case}": str(case.folder), "{upload_url}": upload_url})
+    ``{case}`` (its folder), ``{upload_url}`` (the benchmark's slow endpoint) and
+    ``{storage_dir}`` (the run's FUSE mount) filled in."""
+    names = {"{case}": str(case.folder), "{upload_url}": upload_url, "{storage_dir}": storage_dir}
+    config = _fill(case.config, names)
     launch = dict(config.get("launch") or {})
     launch["entrypoint"] = str(HARNESS)
     launch["env"] = {**(launch.get("env") or {}), "HANGBENCH_PROGRAM": str(case.program)}
@@ -131,6 +137,9 @@ def run(case: Case, launch: Launch, folder: Path, hang_at_limit: float) -> Run:
     backend = ["slurm", "--wait"] if on_slurm else ["local"]
     cmd = [sys.executable, "-m", "areal_watchdog.cli", *launch.args, *backend, str(config_path),
            f"cluster.fileroot={folder}", f"trial_name={case.trial}"]  # fmt: skip
+    if "areal" in case.needs:  # AReaL binds 0.0.0.0: a loopback-only namespace, its receiver
+        cmd = ["bash", str(LOOPBACK), sys.executable, "-m", "benchmarks.hangbench.loopback_run",
+               str(folder / HOOKS), "--", *cmd]  # fmt: skip
     env = {**os.environ, **launch.env}
     if on_slurm:
         env.setdefault("SLURM_CONF", str(SLURM_CONF))

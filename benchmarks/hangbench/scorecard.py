@@ -49,10 +49,11 @@ class Score:
 
 
 def score(
-    case: Case, run: Run, tool: str, repeat: int, signal: Signal | None, grace: float,
+    case: Case, run: Run, tool: str, repeat: int, signal: Signal | None, window: float,
     saw: str = "",
 ) -> Score:  # fmt: skip
-    """A signal later than the case's limit (and the grace a timeout set to it needs) is none;
+    """A signal later than ``window`` seconds after the hang (the case's limit, or the tool's
+    own longer timeout, and the grace a timeout set to it needs) is none;
     a healthy run keeps how long its longest silence lasted (its phase ran) and what the tool
     saw of it."""
     label = case.label
@@ -65,7 +66,7 @@ def score(
         return Score(case.name, tool, repeat, False, culprit_labelled=labelled, saw=saw)
     hang_at = run.step_at(label.after_step)
     seconds = signal.at - hang_at if hang_at else None
-    if seconds is None or seconds > case.limit + grace:
+    if seconds is None or seconds > window:
         return Score(case.name, tool, repeat, False, culprit_labelled=labelled)
     culprit_ok = set(signal.culprits) == set(label.culprit_ranks) if labelled else None
     kind_ok = label.kind in signal.kind.split("/")

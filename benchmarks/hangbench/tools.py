@@ -17,18 +17,26 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from benchmarks.bench_diagnose import CULPRIT, fill_pg_config, torchfrtrace
 from benchmarks.hangbench.cases import REPO, Case
-from benchmarks.hangbench.runs import Launch, Run
+from benchmarks.hangbench.runs import HOOKS, Launch, Run
 from testkit.receiver import Receiver
 
 PEERS = REPO / ".hangbench-peers"  # nvidia-resiliency-ext, installed by scripts/setup.sh --peers
 FT_PYTHON = Path(__file__).resolve().parent / "ft_python"
-FT_LEARN_AFTER = 5  # steps of heartbeats before ft learns its timeouts
+FT_WARMUP = 5  # steps before ft_launcher's timeouts are learned, where a job has no phase
+FT_CHECK_S = 5.0  # ft_launcher's workload_check_interval (its default)
+TORCH_DEFAULT_S = 1800.0  # gloo's default collective timeout (NCCL's: 600 s)
+# torch-tuned's timeout, chosen before the run: 1.5 times the healthy cases' longest phase
+# (rank 0's 35 s evaluation alone, demo-eval_alone), rounded up to the minute
+TUNED_TIMEOUT_S = 60.0
 TORCH_ERROR = re.compile(r"HANGBENCH torch_error rank=(\d+) at=([\d.]+) (.*)")
 ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+) \(local_rank")
 FT_FIRED = re.compile(
-    r"\[RankMonServer\d+@[^\]]*:(\d+)\] Did not get (?:initial|subsequent) heartbeat"
+    r"\[RankMonServer\d+@[^\]]*:(\d+)\] (?:Did not get (?:initial|subsequent) heartbeat"
+    r"|Section '[^']+' has been open for|Was out of section for)"
 )
 
 
@@ -48,6 +56,8 @@ class AreaLWatchdog:
 
     name = "areal-watchdog"
     needs = ""
+    in_ranks = False  # it needs no line in the ranks: it watches AReaL's own workers too
+    reach = 0.0  # seconds its own settings may take past the case's limit: none
 
     def __init__(self, receiver: Receiver) -> None:
         self.receiver = receiver
@@ -61,16 +71,26 @@ class AreaLWatchdog:
         ]}  # fmt: skip
 
     def signal(self, run: Run) -> Signal | None:
-        for request in self.receiver.requests:
-            posted = request.json()
-            if posted["job"].get("trial_name") != run.case.trial or request.wall < run.started:
+        for wall, posted in self._posted(run):
+            if posted["job"].get("trial_name") != run.case.trial or wall < run.started:
                 continue
             verdict = posted["verdict"]
             cause = _report(run, posted["incident_id"]).get("cause")  # not in the webhook's body
             kinds = "/".join(k for k in (verdict["category"], cause) if k)
             ranks = tuple(verdict.get("culprit_ranks") or ())
-            return Signal(request.wall, kinds, ranks, verdict.get("summary", "")[:160])
+            return Signal(wall, kinds, ranks, verdict.get("summary", "")[:160])
         return None
+
+    def _posted(self, run: Run) -> list[tuple[float, dict]]:
+        """What reached the webhook: the benchmark's receiver, and, for a run in a loopback
+        namespace, the receiver beside it (``loopback_run.py``)."""
+        posted = [(r.wall, r.json()) for r in self.receiver.requests]
+        hooks = run.folder / HOOKS
+        if hooks.is_file():
+            posted += [
+                (h["wall"], h["body"]) for h in map(json.loads, hooks.read_text().split("\n")[:-1])
+            ]
+        return sorted(posted, key=lambda p: p[0])
 
     def saw(self, run: Run) -> str:
         """What it saw short of posting: the looks it wrote and did not post."""
@@ -84,21 +104,28 @@ def _report(run: Run, incident_id: str) -> dict:
 
 
 class TorchTimeout:
-    """No watchdog: PyTorch's collective timeout set to the benchmark's limit, and torchrun's
-    exit. The error names no culprit; torchrun's summary names the first rank that failed."""
+    """No watchdog: PyTorch's collective timeout on every process group, and torchrun's exit.
+    The error names no culprit; torchrun's summary names the first rank that failed.
 
-    name = "torch-timeout"
+    Two rows: ``torch-default``, the timeout most jobs run with (gloo's 30 min; NCCL's is
+    10 min), past any run here, so that only a crash ends a run for it; ``torch-tuned``,
+    ``TUNED_TIMEOUT_S``, chosen before the run from the healthy cases' longest phase."""
+
     needs = ""
 
+    def __init__(self, name: str, seconds: float, reach: float) -> None:
+        self.name, self.seconds, self.reach = name, seconds, reach
+        # the default is the job as it ships (AReaL's own timeouts); a tuned one needs the ranks
+        self.in_ranks = seconds != TORCH_DEFAULT_S
+
     def prepare(self, case: Case, launch: Launch) -> None:
-        launch.env["HANGBENCH_COLLECTIVE_TIMEOUT"] = f"{case.limit:g}"
+        launch.env["HANGBENCH_COLLECTIVE_TIMEOUT"] = f"{self.seconds:g}"
 
     def signal(self, run: Run) -> Signal | None:
-        errors = sorted(
-            (float(m.group(2)), m.group(3))
-            for log in run.rank_logs()
-            for m in TORCH_ERROR.finditer(log.read_text(errors="replace"))
-        )
+        logs = [log.read_text(errors="replace") for log in run.rank_logs()]
+        logs.append("\n".join(line for _, line in run.lines))  # a controller's (AReaL's)
+        errors = sorted((float(m.group(2)), m.group(3)) for log in logs
+                        for m in TORCH_ERROR.finditer(log))  # fmt: skip
         failed = [(at, line) for at, line in run.lines if "ChildFailedError" in line]
         first = min([*errors, *failed], default=None)
         if first is None:
@@ -121,12 +148,15 @@ class FlightRecorderTrace:
 
     name = "torchfrtrace"
     needs = ""
+    in_ranks = True  # the dump on timeout, in each rank
+
+    reach = TUNED_TIMEOUT_S
 
     def prepare(self, case: Case, launch: Launch) -> None:
         """The dump comes with the collective's timeout (NCCL's ``TORCH_NCCL_DUMP_ON_TIMEOUT``):
-        on a run of its own, the same timeout as the ``torch-timeout`` row's (the harness dumps
-        to HANGBENCH_FR_DIR on every run)."""
-        launch.env["HANGBENCH_COLLECTIVE_TIMEOUT"] = f"{case.limit:g}"
+        on a run of its own, the ``torch-tuned`` row's (the harness dumps to HANGBENCH_FR_DIR
+        on every run)."""
+        launch.env["HANGBENCH_COLLECTIVE_TIMEOUT"] = f"{TUNED_TIMEOUT_S:g}"
 
     def signal(self, run: Run) -> Signal | None:
         folder, in_time = run.folder / "flight_recorder", run.folder / "flight_recorder_in_time"
@@ -171,21 +201,34 @@ def _first_line(report: str) -> str:
 
 
 class FaultTolerance:
-    """nvidia-resiliency-ext's ``ft_launcher`` (0.4.1) in torchrun's place, a heartbeat after each
-    optimizer step, its documented timeouts (first heartbeat 1 h, later ones 45 min, checked
-    every 5 s) until it learns its own after ``FT_LEARN_AFTER`` steps. Its action is made a
-    harmless SIGCONT so that it cannot end the shared run before the others signal."""
+    """nvidia-resiliency-ext's ``ft_launcher`` (0.4.1) in torchrun's place, configured as its
+    documentation's examples are (``FT_CONFIGS``: ``examples/fault_tolerance/
+    fault_tol_cfg_heartbeats.yaml`` and ``fault_tol_cfg_sections.yaml``), the calls its
+    integration guides ask for added by the harness, and its timeouts learned once the job has
+    been through its first full cycle of phases (``first_cycle``). Its action is made a
+    harmless SIGCONT: its detection is unchanged, the run goes on to the end."""
 
-    name = "ft_launcher"
     needs = "nvidia-resiliency-ext (bash scripts/setup.sh --peers)"
+    in_ranks = True  # its launcher in torchrun's place, its calls in each rank
+
+    def __init__(self, api: str) -> None:
+        self.api, self.name = api, f"ft-{api}"
+        timeouts = FT_CONFIGS["sections"]["fault_tolerance"]
+        longest = max(timeouts["rank_out_of_section_timeout"],
+                      *timeouts["rank_section_timeouts"].values())  # fmt: skip
+        self.reach = longest + FT_CHECK_S if api == "sections" else 0.0
 
     def prepare(self, case: Case, launch: Launch) -> None:
         launch.config["launch"]["python"] = str(FT_PYTHON)
         path = os.pathsep.join(p for p in (str(PEERS), os.environ.get("PYTHONPATH")) if p)
+        config = Path(launch.env["HANGBENCH_FR_DIR"]).parent / f"ft_{self.api}.yaml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(yaml.safe_dump(FT_CONFIGS[self.api]))
         launch.env.update({
             "HANGBENCH_PYTHON": sys.executable, "PYTHONPATH": path,
-            "HANGBENCH_FT_LEARN_AFTER": str(FT_LEARN_AFTER),
-            "HANGBENCH_FT_ARGS": "--ft-rank-termination-signal SIGCONT --max-restarts 0",
+            "HANGBENCH_FT_API": self.api, "HANGBENCH_FT_LEARN_AT": str(first_cycle(case)),
+            "HANGBENCH_FT_ARGS": f"--ft-cfg-path {config} --ft-rank-termination-signal SIGCONT "
+                                 "--max-restarts 0",
         })  # fmt: skip
 
     def signal(self, run: Run) -> Signal | None:
@@ -198,8 +241,34 @@ class FaultTolerance:
         return Signal(first, "", ranks, fired[0][2][:160])
 
 
-def available(tool: object) -> str:
-    """Why a tool cannot run here ('' when it can)."""
+# The two configurations of nvidia-resiliency-ext's examples/fault_tolerance/: no heartbeat
+# timeout until one is calculated; the sections' fixed timeouts, 'step' recalculated later
+FT_CONFIGS: dict[str, dict] = {
+    "heartbeats": {"fault_tolerance": {
+        "initial_rank_heartbeat_timeout": None, "rank_heartbeat_timeout": None}},
+    "sections": {"fault_tolerance": {
+        "initial_rank_heartbeat_timeout": None, "rank_heartbeat_timeout": None,
+        "rank_section_timeouts": {"init": 20.0, "step": 10.0, "checkpoint": 30.0},
+        "rank_out_of_section_timeout": 30.0}},
+}  # fmt: skip
+
+
+def first_cycle(case: Case) -> int:
+    """The step after which ft_launcher's timeouts are learned: the end of the job's first full
+    cycle of phases (the step after its last slow phase: an evaluation, a checkpoint, a slow
+    step), as its example learns after the first epoch, validation and checkpoint included;
+    ``FT_WARMUP`` steps where the job has no phase."""
+    demo = case.config.get("demo") or {}
+    spec = str(demo.get("phases") or "").split(",")
+    phases = [int(p.partition("@")[2]) for p in spec if "@" in p]
+    steps = [*phases, int(demo.get("slow_step") or 0), int(demo.get("pause_step") or 0)]
+    return max([FT_WARMUP, *(s + 1 for s in steps if s > 0)])
+
+
+def available(tool: object, case: Case) -> str:
+    """Why a tool cannot run here, or on this case ('' when it can)."""
     if isinstance(tool, FaultTolerance) and not (PEERS / "nvidia_resiliency_ext").is_dir():
         return f"not installed: {tool.needs}"
+    if getattr(tool, "in_ranks", False) and not case.torchrun_ranks:
+        return "not applicable: AReaL's scheduler starts its workers, not torchrun"
     return ""

@@ -17,6 +17,14 @@ hang demo's ``demo.phases`` (``checkpoint@3,cpu_eval@6``: a phase and the step i
               seconds, while the others wait in all_reduce
   loader_work every rank (or those of ``demo.eval_ranks``) waits for a batch while its
               DataLoader worker spends ``demo.phase_time`` seconds of CPU on one long document
+  async_checkpoint  ``demo.phase_rank`` saves in a background thread (as
+              ``torch.distributed.checkpoint.async_save`` does) and waits for the save before
+              the step's all_reduce: the main thread sits in ``join``, the data moves in the
+              thread (``demo.phase_mb`` MB fsync'd over ``demo.phase_time`` seconds)
+  chatty_eval every rank evaluates as ``cpu_eval`` does and logs a progress line per batch to
+              stderr: a log flood that is work
+  compile     every rank compiles its model with ``torch.compile`` (inductor, C++ on the CPU)
+              and runs its first forward pass: a long first-step compile
 
 Where ``demo.shard_dir`` names a directory, every rank reads its next 1 MB of
 ``<shard_dir>/shard-<rank>.bin`` at every step (a dataset on shared storage: the storage stall
@@ -30,6 +38,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 from pathlib import Path
@@ -38,6 +47,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 CHUNK = 1 << 20
+COMPILED_LAYERS = 160  # about 20 s of compiling per rank here, 4 ranks on 2 cores
 
 
 def parse(spec: str) -> dict[int, str]:
@@ -76,6 +86,14 @@ def run(name: str, settings: dict, rank: int, shard: Path | None) -> None:
                        check=True)  # fmt: skip
     elif name == "loader_work" and chosen(settings["eval_ranks"], rank):
         next(iter(DataLoader(LongDocument(seconds), batch_size=1, num_workers=1)))
+    elif name == "async_checkpoint" and rank == int(settings["phase_rank"]):
+        saver = threading.Thread(target=save_checkpoint, args=(megabytes, seconds), name="saver")
+        saver.start()
+        saver.join()  # the save's future, waited for before the next one
+    elif name == "chatty_eval" and chosen(settings["eval_ranks"], rank):
+        evaluate(seconds, chatty=True)
+    elif name == "compile":
+        compile_first_step()
 
 
 CHILD_WRITER = """
@@ -127,12 +145,26 @@ def save_checkpoint(megabytes: int, seconds: float) -> None:
             time.sleep(pause)
 
 
-def evaluate(seconds: float) -> None:
+def evaluate(seconds: float, chatty: bool = False) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
-    end = time.time() + seconds
+    end, batch = time.time() + seconds, 0
     while time.time() < end:
         logits = forward_pass(model)
-        score_answers(logits)
+        score = score_answers(logits)
+        batch += 1
+        if chatty:
+            print(f"eval batch {batch}: score {score:.3f}", file=sys.stderr, flush=True)
+
+
+def compile_first_step() -> None:
+    """A model of a hundred layers compiled by inductor (a C++ build on the CPU, its caches off
+    so that every run compiles) and its first forward pass: minutes on a big model, tens of
+    seconds here."""
+    os.environ["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
+    layers = [m for _ in range(COMPILED_LAYERS) for m in (torch.nn.Linear(64, 64), torch.nn.GELU())]
+    compiled = torch.compile(torch.nn.Sequential(*layers))
+    with torch.no_grad():
+        compiled(torch.randn(8, 64))
 
 
 def forward_pass(model: torch.nn.Module) -> torch.Tensor:

@@ -19,6 +19,9 @@ at ``demo.hang_step``:
                        warning per try to stderr (a log flood, no work), while the others wait
   child_blocked        the rank runs a helper command that asks a question nobody answers
                        (its stdin a pipe nobody writes to) and waits for it forever
+  own_deadlock         the rank deadlocks with its own metrics thread (each waits for a lock
+                       the other holds): no collective, no CPU, nothing behind it (give every
+                       rank in ``hang_rank`` for every rank stuck in its own code)
   node_lost            the rank freezes its whole node (every process of this Slurm job on it,
                        the watchdog's sidecar too) at once, as a power cut or a kernel hang
                        does: nothing there answers again, and no connection is closed
@@ -127,6 +130,8 @@ class Trainer:
             busy_reward_model()
         if misbehave == "child_blocked":
             ask_nobody()
+        if misbehave == "own_deadlock":
+            deadlock_with_own_thread()
         if misbehave == "retry_flood":
             retry_for_ever()
         if misbehave == "livelock":
@@ -191,6 +196,22 @@ def ask_nobody() -> None:
     """A helper command that prompts and waits for an answer that never comes."""
     prompt = "printf 'overwrite the checkpoint? [y/N] ' >&2; read answer"
     subprocess.Popen(["sh", "-c", prompt], stdin=subprocess.PIPE).wait()
+
+
+def deadlock_with_own_thread() -> None:
+    """A lock-order deadlock inside the rank: the metrics thread holds the step lock and waits
+    for the flush lock, which the main thread holds while it waits for the step lock."""
+    step_lock, flush_lock = threading.Lock(), threading.Lock()
+    flush_lock.acquire()
+
+    def flush_metrics() -> None:
+        with step_lock, flush_lock:
+            pass
+
+    threading.Thread(target=flush_metrics, name="metrics", daemon=True).start()
+    time.sleep(0.1)
+    with step_lock:
+        pass
 
 
 def freeze_soon(delay: float) -> None:

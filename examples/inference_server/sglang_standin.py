@@ -37,8 +37,12 @@ create ``PATH`` does so, and writes its address there: one of several servers of
 update (the rollout of the next step): a server process that is gone, its port refusing
 connections, while AReaL's rollout worker resubmits its episodes against it.
 
+``--stay-paused-after N`` answers the continue that follows its N-th pause and stays paused:
+generation paused (AReaL pauses it around every weight update) and never resumed.
+
 ``python sglang_standin.py --port P [--host 127.0.0.1] [--model-path DIR] [--wedge-after N]
-[--hold-update-after N [--hold-update-claim PATH]] [--die-after-update N]``
+[--hold-update-after N [--hold-update-claim PATH]] [--die-after-update N]
+[--stay-paused-after N]``
 """
 
 from __future__ import annotations
@@ -165,13 +169,15 @@ class State:
         self.wedged = threading.Event()
         self.hold_update_after = hold_update_after
         self.die_after_update: int | None = None  # SIGKILL at a request after this many updates
+        self.stay_paused_after: int | None = None  # the continue after this many pauses is lost
 
     def throughput(self) -> float:
         return self.generated / max(1e-6, time.time() - self.started)
 
     def pause(self, paused: bool) -> None:
         with self.lock:
-            self.paused = paused
+            lost = self.stay_paused_after is not None and self.pause_epoch >= self.stay_paused_after
+            self.paused = paused or lost
             self.pause_epoch += paused
             self.lock.notify_all()
 
@@ -321,7 +327,8 @@ class Handler(BaseHTTPRequestHandler):
 
 def serve(host: str, port: int, model_path: str | None, wedge_after: int | None = None,
           latency: float = 0.0, seed: int = 1, hold_update_after: int | None = None,
-          die_after_update: int | None = None) -> None:  # fmt: skip
+          die_after_update: int | None = None,
+          stay_paused_after: int | None = None) -> None:  # fmt: skip
     """Listen on ``host:port`` (a loopback address only) until killed."""
     if not ipaddress.ip_address(host).is_loopback:
         sys.exit(
@@ -330,6 +337,7 @@ def serve(host: str, port: int, model_path: str | None, wedge_after: int | None 
         )
     Handler.state = State(Sampler(model_path, seed), wedge_after, latency, hold_update_after)
     Handler.state.die_after_update = die_after_update
+    Handler.state.stay_paused_after = stay_paused_after
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True
     print(f"[sglang-standin] serving {model_path or 'random tokens'} on {host}:{port}", flush=True)
@@ -347,12 +355,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hold-update-after", type=int, default=None)
     parser.add_argument("--hold-update-claim", default=None)
     parser.add_argument("--die-after-update", type=int, default=None)
+    parser.add_argument("--stay-paused-after", type=int, default=None)
     args, _ = parser.parse_known_args(argv)  # SGLang's many other flags mean nothing here
     hold = args.hold_update_after
     if hold is not None and args.hold_update_claim:
         hold = hold if _claim(args.hold_update_claim, f"{args.host}:{args.port}") else None
     serve(args.host, args.port, args.model_path, args.wedge_after, args.latency, args.random_seed,
-          hold, args.die_after_update)  # fmt: skip
+          hold, args.die_after_update, args.stay_paused_after)  # fmt: skip
 
 
 def _claim(path: str, address: str) -> bool:

@@ -24,7 +24,9 @@ def test_every_case_has_a_label_the_runner_reads() -> None:
         if case.label.healthy:
             continue
         assert case.label.kind in KINDS, case.name
-        world = case.config["launch"]["nproc_per_node"] * case.config["cluster"]["n_nodes"]
+        per_node = case.config["launch"].get("nproc_per_node")  # AReaL: its backend's dN
+        per_node = per_node or int(case.config["actor"]["backend"].rpartition(":d")[2])
+        world = per_node * case.config["cluster"]["n_nodes"]
         assert all(0 <= r < world for r in case.label.culprit_ranks), case.name
         settings = case.config.get("demo") or case.config.get("scenario") or {}
         assert case.label.after_step <= int(settings.get("steps", 10**6)), case.name
@@ -50,10 +52,27 @@ def test_the_quick_third_has_a_third_healthy_and_every_demo_hang_kind() -> None:
     assert 3 * len(quick) >= len(cases) - 1 and 3 * sum(c.label.healthy for c in quick) >= len(
         quick
     )
-    assert all(not c.needs and c.limit <= 30 for c in quick)
+    assert all(not {"slurm", "vllm"} & set(c.needs) and c.limit <= 30 for c in quick)
     kinds = {c.label.kind for c in quick if not c.label.healthy}
     assert {"collective_mismatch", "collective_stuck", "straggler", "rank_crashed"} <= kinds
     assert sum(c.label.healthy and "phases" in c.config.get("demo", {}) for c in quick) >= 4
+
+
+def test_the_set_holds_sixty_cases_a_third_healthy_and_those_no_tool_was_shaped_to() -> None:
+    cases = {c.name: c for c in load_cases()}
+    assert len(cases) >= 60 and 3 * sum(c.label.healthy for c in cases.values()) >= len(cases)
+    unshaped = ["livelock", "eval_alone", "child_checkpoint", "loader_work", "child_blocked",
+                "storage_dead", "retry_flood", "own_deadlock", "async_checkpoint",
+                "compile_first_step", "chatty_eval", "storage_failover"]  # fmt: skip
+    assert all(any(kind in name for name in cases) for kind in unshaped)
+    dead = cases["demo-storage_dead-late"]
+    assert dead.storage == {"freeze_at_mb": 9} and dead.label.culprit_ranks == (0, 1, 2, 3)
+    areal = [c for name, c in cases.items() if name.startswith("areal-")]
+    kinds = {c.label.kind for c in areal}
+    assert {"inference_unreachable", "inference_paused", "cleanup_deadlock", ""} <= kinds
+    assert all("areal" in c.needs for c in areal)
+    assert not cases["areal-healthy"].torchrun_ranks and cases["areal-early_break"].torchrun_ranks
+    assert cases["areal-early_break"].areal_harness == ("--train-raise-from", "2")
 
 
 @pytest.mark.parametrize(
@@ -75,6 +94,11 @@ def test_the_quick_third_has_a_third_healthy_and_every_demo_hang_kind() -> None:
             "title: t\nbase: examples/hang_demo/config.yaml\nquick: yes please\n"
             "label: {healthy: true}\n",
             "quick: 'yes please' is not a bool",
+        ),
+        (
+            "title: t\nbase: examples/hang_demo/config.yaml\nstorage: {freeze_at_mb: 3}\n"
+            "label: {healthy: true}\n",
+            "storage needs a FUSE mount; add needs: [fuse]",
         ),
     ],
 )

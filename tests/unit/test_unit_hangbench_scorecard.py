@@ -30,7 +30,7 @@ HEALTHY = case("quiet", Label(True))
 
 
 def scored(c: Case, signal: Signal | None, tool: str = "t") -> Score:
-    return score(c, run_of(c), tool, 0, signal, grace=5.0)
+    return score(c, run_of(c), tool, 0, signal, window=30.0)
 
 
 def test_right_needs_the_kind_and_the_labelled_culprit() -> None:
@@ -78,7 +78,15 @@ def test_a_healthy_cell_shows_that_its_phase_ran_and_what_the_tool_saw() -> None
     steps = [(100.0, "Train step 9/16 done"), (100.3, "Train step 10/16 done"),
              (121.0, "Train step 11/16 done")]  # fmt: skip
     run = Run(HEALTHY, Path("/r"), Path("/r/run"), 90.0, steps, 0)
-    quiet = score(HEALTHY, run, "t", 0, None, 5.0, saw="2 look(s) written, not posted")
+    quiet = score(HEALTHY, run, "t", 0, None, 30.0, saw="2 look(s) written, not posted")
     assert round(quiet.silence_s or 0, 1) == 20.7 and not quiet.false_alarm
     table = markdown([quiet], [HEALTHY], ["t"], [totals([quiet], "t")], META)
     assert "quiet (silence 21 s; 2 look(s) written, not posted)" in table
+    compile_first = Run(HEALTHY, Path("/r"), Path("/r/run"), 90.0, [(115.0, "Train step 1/16")], 0)
+    assert compile_first.longest_silence() == 25.0  # a first step's phase counts from the start
+
+
+def test_a_tool_whose_own_timeout_is_longer_is_waited_for_and_no_longer() -> None:
+    at_58 = Signal(STEP_3_AT + 58.0, "", ())
+    assert score(STUCK, run_of(STUCK), "torch-tuned", 0, at_58, window=65.0).detected
+    assert not score(STUCK, run_of(STUCK), "torch-default", 0, at_58, window=30.0).detected

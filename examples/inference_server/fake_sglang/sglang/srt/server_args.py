@@ -9,7 +9,8 @@ first server to create ``PATH`` does (a job resumed after the hang finds it and 
 with ``AREAL_STANDIN_HOLD_UPDATE_CLAIM=PATH`` only the first server to create ``PATH`` (one of
 the job's servers), which writes its address there.
 ``AREAL_STANDIN_DIE_AFTER_UPDATE=N`` SIGKILLs the server at its first generate request after its
-N-th weight update."""
+N-th weight update. ``AREAL_STANDIN_STAY_PAUSED_AFTER=N`` keeps it paused after its N-th pause
+(generation paused around a weight update and never resumed)."""
 
 from __future__ import annotations
 
@@ -31,9 +32,11 @@ def prepare_server_args(argv: list[str]) -> None:
         except FileExistsError:
             wedge = None
     die = os.environ.get("AREAL_STANDIN_DIE_AFTER_UPDATE")
+    paused = os.environ.get("AREAL_STANDIN_STAY_PAUSED_AFTER")
     sglang_standin.main(
         [*argv, *(["--wedge-after", wedge] if wedge else []), *_hold_update(),
-         *(["--die-after-update", die] if die else [])]
+         *(["--die-after-update", die] if die else []),
+         *(["--stay-paused-after", paused] if paused else [])]
     )  # fmt: skip
     sys.exit(0)
 
