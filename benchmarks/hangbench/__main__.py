@@ -77,22 +77,50 @@ def main() -> int:
     try:
         subset = "quick: the chosen third" if args.quick else ""
         subset = f"--only {args.only}" if args.only else subset
-        scores = bench(selected, tools, args.repeat, args.out, subset)
+        earlier = _earlier(args.out) if args.resume else ({}, [])
+        scores = bench(selected, tools, args.repeat, args.out, subset, earlier)
+    except ResumeError as error:
+        print(f"hangbench: {error}", file=sys.stderr)
+        return 2
     finally:
         receiver.close()
         UPLOAD.close()
     return 0 if scores else 1
 
 
-def bench(cases: list, tools: list, repeat: int, out: Path, subset: str = "") -> list:
-    started, scores = time.time(), []
+class ResumeError(ValueError):
+    """A scorecard ``--resume`` cannot go on from: the message names the file and the fix."""
+
+
+def _earlier(out: Path) -> tuple[dict, list]:
+    """What an earlier run into ``out`` scored, if it ran on this checkout's commit."""
+    path = out / "scorecard.json"
+    if not path.is_file():
+        return {}, []
+    meta, scores = scorecard.read(path)
+    if meta.get("commit") != _commit():
+        raise ResumeError(f"--resume: {path} was run on {meta.get('commit')}, this checkout is "
+                          f"{_commit()}; check that commit out, or give another --out")  # fmt: skip
+    return meta, scores
+
+
+def bench(
+    cases: list, tools: list, repeat: int, out: Path, subset: str = "",
+    earlier: tuple[dict, list] = ({}, []),
+) -> list:  # fmt: skip
+    """Every case under every tool, ``repeat`` times; with ``earlier`` (``--resume``), only the
+    runs it has not scored, its minutes counted in."""
+    started = time.time() - 60 * earlier[0].get("minutes", 0.0)
+    scores = list(earlier[1])
+    done = {(s.case, s.tool, s.repeat) for s in scores}
     meta = {"when": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "repeat": repeat,
             "tools": [t.name for t in tools], "machine": f"{os.cpu_count()} cores",
             "commit": _commit(), "subset": subset}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="hangbench-") as tmp:
         for n, case in enumerate(cases, 1):
             for r in range(repeat):
-                scores += run_case(case, tools, r, Path(tmp) / f"{case.name}-{r}", out / "runs")
+                todo = [t for t in tools if (case.name, t.name, r) not in done]
+                scores += run_case(case, todo, r, Path(tmp) / f"{case.name}-{r}", out / "runs")
                 mine = [s for s in scores if s.case == case.name and s.repeat == r]
                 print(
                     f"[{n}/{len(cases)} {time.time() - started:5.0f} s] {case.name}: "
@@ -172,6 +200,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true",
                         help="the chosen third of the cases (quick: true), under areal-watchdog "
                         "unless --tool says otherwise: under 15 minutes")  # fmt: skip
+    parser.add_argument("--resume", action="store_true",
+                        help="go on from --out's scorecard.json (run on this commit): only the "
+                        "runs it has not scored")  # fmt: skip
     parser.add_argument("--list", action="store_true", help="list the cases and their labels")
     return parser
 

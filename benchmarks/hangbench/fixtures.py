@@ -28,7 +28,7 @@ MAKE_TINY = REPO / "examples" / "areal" / "harness" / "make_tiny.py"
 def beside(case: Case, folder: Path) -> Iterator[str]:
     """The run's storage and AReaL harness (under ``folder``, the run's ``cluster.fileroot``);
     yields the storage's mountpoint ('' for none)."""
-    if case.areal_harness:
+    if "areal" in case.needs:  # every AReaL job: its model and data (``areal_harness``'s flags)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "harness").symlink_to(areal_harness(case.areal_harness))
     if not case.storage:

@@ -6,6 +6,7 @@ everything ended at the end, whatever happened: by its process group, and on Slu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -20,6 +21,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 from benchmarks.hangbench.cases import REPO, Case
@@ -159,6 +161,7 @@ def run(case: Case, launch: Launch, folder: Path, hang_at_limit: float) -> Run:
     finally:
         result.ended = time.time()
         _end(proc)
+        _end_leftovers(folder)
         if on_slurm:
             _cancel_job(result.run_dir, env)
             node_logs.read_into(lines)
@@ -225,6 +228,16 @@ def _cancel_job(run_dir: Path, env: dict[str, str]) -> None:
 def _read(proc: subprocess.Popen, lines: list[tuple[float, str]]) -> None:
     for line in proc.stdout or ():
         lines.append((time.time(), line.rstrip("\n")))
+
+
+def _end_leftovers(folder: Path) -> None:
+    """SIGKILL what the run started outside its process group and left behind (AReaL's
+    scheduler starts its workers in sessions of their own): every process whose watchdog
+    directory lies below the run's folder."""
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get("AREAL_WATCHDOG_DIR", "").startswith(str(folder)):
+                process.kill()
 
 
 def _end(proc: subprocess.Popen) -> None:

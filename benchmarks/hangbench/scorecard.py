@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from benchmarks.hangbench.cases import Case
@@ -109,6 +109,22 @@ def write(scores: list[Score], cases: list[Case], tools: list[str], out: Path, m
     (out / "scorecard.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
     (out / "scorecard.md").write_text(markdown(scores, cases, tools, summary, meta))
     _plot(scores, cases, tools, out / "scorecard.png")
+
+
+def read(path: Path) -> tuple[dict, list[Score]]:
+    """A scorecard.json written by ``write``: its run's facts and its scores, to go on from."""
+    data = json.loads(path.read_text())
+    names = {f.name for f in fields(Score)}
+    scores = []
+    for plain in data["scores"]:
+        kept = {k: v for k, v in plain.items() if k in names}
+        if kept.get("signal"):
+            kept["signal"] = Signal(
+                **{**kept["signal"], "culprits": tuple(kept["signal"]["culprits"])}
+            )
+        scores.append(Score(**kept))
+    meta = {k: v for k, v in data.items() if k not in ("totals", "scores", "cases")}
+    return meta, scores
 
 
 def markdown(scores: list[Score], cases: list[Case], tools: list[str], summary: list[dict],

@@ -220,7 +220,8 @@ class FaultTolerance:
 
     def prepare(self, case: Case, launch: Launch) -> None:
         launch.config["launch"]["python"] = str(FT_PYTHON)
-        path = os.pathsep.join(p for p in (str(PEERS), os.environ.get("PYTHONPATH")) if p)
+        own = launch.config["launch"]["env"].get("PYTHONPATH")  # the job's own (AReaL's site/)
+        path = os.pathsep.join(p for p in (str(PEERS), own, os.environ.get("PYTHONPATH")) if p)
         config = Path(launch.env["HANGBENCH_FR_DIR"]).parent / f"ft_{self.api}.yaml"
         config.parent.mkdir(parents=True, exist_ok=True)
         config.write_text(yaml.safe_dump(FT_CONFIGS[self.api]))

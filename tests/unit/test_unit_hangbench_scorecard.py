@@ -9,7 +9,7 @@ from pathlib import Path
 
 from benchmarks.hangbench.cases import Case, Label
 from benchmarks.hangbench.runs import Run
-from benchmarks.hangbench.scorecard import Score, markdown, score, totals
+from benchmarks.hangbench.scorecard import Score, markdown, read, score, totals, write
 from benchmarks.hangbench.tools import Signal
 
 STEP_3_AT = 100.0  # when the last good step's line arrived
@@ -90,3 +90,11 @@ def test_a_tool_whose_own_timeout_is_longer_is_waited_for_and_no_longer() -> Non
     at_58 = Signal(STEP_3_AT + 58.0, "", ())
     assert score(STUCK, run_of(STUCK), "torch-tuned", 0, at_58, window=65.0).detected
     assert not score(STUCK, run_of(STUCK), "torch-default", 0, at_58, window=30.0).detected
+
+
+def test_a_scorecard_read_back_is_what_was_written(tmp_path: Path) -> None:
+    """``--resume`` goes on from scorecard.json: every score comes back as it was scored."""
+    scores = [scored(STUCK, Signal(104.0, "collective_stuck", (2,), "rank 2")), scored(STUCK, None)]
+    write(scores, [STUCK], ["t"], tmp_path, {**META, "subset": ""})
+    meta, back = read(tmp_path / "scorecard.json")
+    assert back == scores and meta["commit"] == "abc1234" and back[0].right
