@@ -144,7 +144,7 @@ def run_case(case, tools: list, repeat: int, folder: Path, evidence: Path) -> li
                                           empty=why))  # fmt: skip
             continue
         own = folder / tool.name
-        with fixtures.beside(case, own) as storage_dir:
+        with fixtures.beside(case, own, shared=folder.parent) as storage_dir:
             launch = runs.prepare(case, own, UPLOAD.url(), storage_dir)
             tool.prepare(case, launch)
             window = max(case.limit, tool.reach) + GRACE_S  # its own longer timeout is waited

@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,12 +24,13 @@ MAKE_TINY = REPO / "examples" / "areal" / "harness" / "make_tiny.py"
 
 
 @contextlib.contextmanager
-def beside(case: Case, folder: Path) -> Iterator[str]:
-    """The run's storage and AReaL harness (under ``folder``, the run's ``cluster.fileroot``);
-    yields the storage's mountpoint ('' for none)."""
+def beside(case: Case, folder: Path, shared: Path) -> Iterator[str]:
+    """The run's storage and AReaL harness (under ``folder``, the run's ``cluster.fileroot``;
+    the harness made once under ``shared``, the benchmark's temporary folder); yields the
+    storage's mountpoint ('' for none)."""
     if "areal" in case.needs:  # every AReaL job: its model and data (``areal_harness``'s flags)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "harness").symlink_to(areal_harness(case.areal_harness))
+        (folder / "harness").symlink_to(areal_harness(case.areal_harness, shared))
     if not case.storage:
         yield ""
         return
@@ -43,12 +43,11 @@ def beside(case: Case, folder: Path) -> Iterator[str]:
         storage.close()
 
 
-@functools.cache
-def areal_harness(args: tuple[str, ...]) -> Path:
+def areal_harness(args: tuple[str, ...], shared: Path) -> Path:
     """The tiny model, tokenizer and GSM8K rows ``make_tiny.py`` makes offline with ``args``,
-    made once per benchmark and set of arguments."""
+    made once per benchmark (under ``shared``) and set of arguments."""
     key = hashlib.sha256(" ".join(args).encode()).hexdigest()[:12]
-    root = Path(tempfile.gettempdir()) / f"hangbench-areal-harness-{os.getpid()}-{key}"
+    root = shared / f"areal-harness-{key}"
     if not root.is_dir():
         subprocess.run([sys.executable, str(MAKE_TINY), str(root), *args], check=True,
                        capture_output=True, timeout=600)  # fmt: skip
