@@ -231,12 +231,14 @@ def _read(proc: subprocess.Popen, lines: list[tuple[float, str]]) -> None:
 
 
 def _end_leftovers(folder: Path) -> None:
-    """SIGKILL what the run started outside its process group and left behind (AReaL's
-    scheduler starts its workers in sessions of their own): every process whose watchdog
-    directory lies below the run's folder."""
+    """SIGKILL what the run started outside its process group and left behind (AReaL starts
+    its workers, and in SPMD mode its launcher, in sessions of their own): every process whose
+    watchdog directory or Flight Recorder folder (set for every run) lies below the run's."""
     for process in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
-            if process.environ().get("AREAL_WATCHDOG_DIR", "").startswith(str(folder)):
+            env = process.environ()
+            mine = (env.get(k, "") for k in ("AREAL_WATCHDOG_DIR", "HANGBENCH_FR_DIR"))
+            if any(v.startswith(str(folder)) for v in mine):
                 process.kill()
 
 
