@@ -7,9 +7,10 @@ peer asks its users to add, added here once so that no case program knows about 
   has none): a rank dumps its record (``<HANGBENCH_FR_DIR>/rank_<r>``, the pickle
   ``torchfrtrace`` reads) when a collective raises and when torchrun ends it.
 - Under ``ft_launcher``, nvidia-resiliency-ext's calls as its integration guides place them
-  (``HANGBENCH_FT_API``): a heartbeat after each optimizer step and each evaluation forward
-  pass (its example beats in its validation loop too), or the sections ``init`` (start to the
-  first forward pass) and ``step`` (a training step's forward pass to its optimizer step; an
+  (``HANGBENCH_FT_API``), once the process group is up (as its examples start them): a heartbeat
+  after each optimizer step and each evaluation forward pass (its example beats in its
+  validation loop too), or the sections ``init`` (the process group's start to the first
+  forward pass) and ``step`` (a training step's forward pass to its optimizer step; an
   evaluation forward pass), and the timeouts learned (``calculate_and_set_hb_timeouts``, or
   ``calculate_and_set_section_timeouts(['step'])`` as its example does after an epoch) after
   step ``HANGBENCH_FT_LEARN_AT``, the end of the job's first full cycle of phases.
@@ -82,10 +83,18 @@ class FaultToleranceCalls:
 
         self.api, self.learn_at, self.pid = api, learn_at, os.getpid()
         self.client = RankMonitorClient()
-        self.client.init_workload_monitoring()
         self.steps, self.depth, self.open = 0, 0, ""
-        if api == "sections":
-            self._section("init")
+        joined = dist.init_process_group
+
+        def join_then_watch(*args: object, **kwargs: object) -> object:
+            """As its examples do: the process group first, then the client and ``init``."""
+            group = joined(*args, **kwargs)
+            self.client.init_workload_monitoring()
+            if api == "sections":
+                self._section("init")
+            return group
+
+        dist.init_process_group = functools.wraps(joined)(join_then_watch)
         module.register_module_forward_pre_hook(self._forward_begins)
         module.register_module_forward_hook(self._forward_ends)
         register_optimizer_step_post_hook(self._stepped)
@@ -98,13 +107,13 @@ class FaultToleranceCalls:
         self.open = name
 
     def _forward_begins(self, *_: object) -> None:
-        if os.getpid() == self.pid:
+        if os.getpid() == self.pid and self.client.is_initialized:
             self.depth += 1
             if self.depth == 1 and self.api == "sections" and self.open != "step":
                 self._section("step")
 
     def _forward_ends(self, *_: object) -> None:
-        if os.getpid() != self.pid:
+        if os.getpid() != self.pid or not self.client.is_initialized:
             return
         self.depth -= 1
         if self.depth == 0 and not torch.is_grad_enabled():  # an evaluation step
@@ -114,6 +123,8 @@ class FaultToleranceCalls:
                 self._section("")
 
     def _stepped(self, *_: object) -> None:
+        if not self.client.is_initialized:
+            return
         if self.api == "heartbeats":
             self.client.send_heartbeat()
         else:
