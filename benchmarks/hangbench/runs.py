@@ -236,6 +236,8 @@ def _end_leftovers(folder: Path) -> None:
     watchdog directory or Flight Recorder folder (set for every run) lies below the run's."""
     for process in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
+            if process.uids().real != os.getuid():  # only ours: never another user's
+                continue
             env = process.environ()
             mine = (env.get(k, "") for k in ("AREAL_WATCHDOG_DIR", "HANGBENCH_FR_DIR"))
             if any(v.startswith(str(folder)) for v in mine):
