@@ -98,9 +98,9 @@ def _earlier(out: Path) -> tuple[dict, list]:
     if not path.is_file():
         return {}, []
     meta, scores = scorecard.read(path)
-    if meta.get("commit") != _commit():
+    if meta.get("commit") != (here := _commit()):
         raise ResumeError(f"--resume: {path} was run on {meta.get('commit')}, this checkout is "
-                          f"{_commit()}; check that commit out, or give another --out")  # fmt: skip
+                          f"{here}; check that commit out, or give another --out")  # fmt: skip
     return meta, scores
 
 
