@@ -3,15 +3,18 @@ scorecard (``--only``, ``--tool``, ``--repeat`` for the impatient; ``--quick``: 
 of the cases marked ``quick: true``, under areal-watchdog unless ``--tool`` says otherwise, in
 under 15 minutes; docs/hangbench.md).
 
-Each tool watches a run of its own: no tool's action (a kill, a ``SIGCONT``, a launcher in
-torchrun's place) reaches another's score. A run lasts until the case's limit (or the tool's own
-longer timeout) has passed since its hang, or until a healthy job ends; one that contradicts its
-label scores for no tool.
+Each tool watches a run of its own, but PyTorch's rows, which differ only in the collective
+timeout and share one run until its shortest timeout fires (``sharing.py``): no tool's action (a
+kill, a ``SIGCONT``, a launcher in torchrun's place) reaches another's score. A run lasts until
+the case's limit (or the tool's own longer timeout) has passed since its hang, until a healthy
+job ends, or until every tool in it has signalled; one that contradicts its label scores for no
+tool.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import subprocess
@@ -21,7 +24,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from benchmarks.hangbench import fixtures, runs, scorecard
+from benchmarks.hangbench import fixtures, runs, scorecard, sharing
 from benchmarks.hangbench.cases import CaseError, load_cases
 from benchmarks.hangbench.tools import (
     TORCH_DEFAULT_S,
@@ -93,15 +96,34 @@ class ResumeError(ValueError):
 
 
 def _earlier(out: Path) -> tuple[dict, list]:
-    """What an earlier run into ``out`` scored, if it ran on this checkout's commit."""
+    """What an earlier run into ``out`` scored, if nothing it ran has changed since its commit
+    (a later commit of docs or tests only is the same benchmark)."""
     path = out / "scorecard.json"
     if not path.is_file():
         return {}, []
     meta, scores = scorecard.read(path)
-    if meta.get("commit") != (here := _commit()):
-        raise ResumeError(f"--resume: {path} was run on {meta.get('commit')}, this checkout is "
-                          f"{here}; check that commit out, or give another --out")  # fmt: skip
+    if changed := _changed_since(str(meta.get("commit", "?"))):
+        raise ResumeError(f"--resume: {path} was run on {meta.get('commit')}, and this checkout "
+                          f"changed what it runs ({', '.join(changed[:3])}); check that commit "
+                          "out, or give another --out")  # fmt: skip
+    if (here := _commit()) != meta.get("commit"):
+        meta["resumed_on"] = [*meta.get("resumed_on", []), here]
     return meta, scores
+
+
+NOT_RUN = ("docs/", "tests/", ".ci/", "README.md")  # what no run reads
+
+
+def _changed_since(commit: str) -> list[str]:
+    """The files a run reads that differ between ``commit`` and this checkout (every file where
+    the commit is unknown or had changes of its own, marked ``+``)."""
+    if commit.endswith("+") or not _git("rev-parse", "--verify", "-q", f"{commit}^{{commit}}"):
+        return [f"{commit} cannot be compared"]
+    paths = (
+        _git("diff", "--name-only", commit).split()
+        + _git("ls-files", "--others", "--exclude-standard").split()
+    )
+    return [p for p in paths if not p.startswith(NOT_RUN)]
 
 
 def bench(
@@ -116,49 +138,80 @@ def bench(
     meta = {"when": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "repeat": repeat,
             "tools": [t.name for t in tools], "machine": f"{os.cpu_count()} cores",
             "commit": _commit(), "subset": subset}  # fmt: skip
+    meta.update({k: earlier[0][k] for k in ("when", "commit", "resumed_on") if k in earlier[0]})
+    meta["cells"] = len(cases) * len(tools) * repeat
     with tempfile.TemporaryDirectory(prefix="hangbench-") as tmp:
-        for n, case in enumerate(cases, 1):
-            for r in range(repeat):
+        for r in range(repeat):  # every case once before any twice: a partial run is a full one
+            for n, case in enumerate(cases, 1):
                 todo = [t for t in tools if (case.name, t.name, r) not in done]
+                if not todo:
+                    continue
                 scores += run_case(case, todo, r, Path(tmp) / f"{case.name}-{r}", out / "runs")
                 mine = [s for s in scores if s.case == case.name and s.repeat == r]
                 print(
-                    f"[{n}/{len(cases)} {time.time() - started:5.0f} s] {case.name}: "
-                    + "; ".join(f"{s.tool} {scorecard._cell([s])}" for s in mine),
+                    f"[repeat {r + 1}/{repeat}, {n}/{len(cases)} {time.time() - started:5.0f} s] "
+                    f"{case.name}: " + "; ".join(f"{s.tool} {scorecard._cell([s])}" for s in mine),
                     flush=True,
                 )
-            meta["minutes"] = (time.time() - started) / 60
-            scorecard.write(scores, cases[:n], [t.name for t in tools], out, meta)
+                meta["minutes"] = (time.time() - started) / 60
+                ran = [c for c in cases if any(s.case == c.name for s in scores)]
+                scorecard.write(scores, ran, [t.name for t in tools], out, meta)
     print(f"\nscorecard: {out}/scorecard.md ({(time.time() - started) / 60:.1f} min)")
     print((out / "scorecard.md").read_text().split("\n\n")[1])
     return scores
 
 
 def run_case(case, tools: list, repeat: int, folder: Path, evidence: Path) -> list:
-    """Each tool on a run of its own; a score per tool (``empty`` where it cannot run here,
-    ``doubt`` where the run contradicts the label)."""
-    scores = []
+    """Each tool on a run of its own but PyTorch's rows, which share one (``sharing.py``); a
+    score per tool (``empty`` where it cannot run here, ``doubt`` where the run contradicts the
+    label)."""
+    scores, todo = [], []
     for tool in tools:
         if why := available(tool, case) or fixtures.missing(case):
             scores.append(scorecard.Score(case.name, tool.name, repeat, case.label.healthy,
                                           empty=why))  # fmt: skip
-            continue
-        own = folder / tool.name
-        with fixtures.beside(case, own, shared=folder.parent) as storage_dir:
-            launch = runs.prepare(case, own, UPLOAD.url(), storage_dir)
-            tool.prepare(case, launch)
-            window = max(case.limit, tool.reach) + GRACE_S  # its own longer timeout is waited
-            run = runs.run(case, launch, own, window)
-        if doubt := runs.label_doubt(run):
-            print(f"  {case.name} ({tool.name}): {doubt}", flush=True)
-            scores.append(scorecard.Score(case.name, tool.name, repeat, case.label.healthy,
-                                          doubt=doubt))  # fmt: skip
         else:
-            saw = tool.saw(run) if hasattr(tool, "saw") else ""
-            scores.append(
-                scorecard.score(case, run, tool.name, repeat, tool.signal(run), window, saw)
-            )
-        _keep(own, evidence / folder.name / tool.name)
+            todo.append(tool)
+    for group in sharing.groups(todo):
+        scores += _run_group(case, group, repeat, folder, evidence)
+    return scores
+
+
+def _run_group(case, group: list, repeat: int, folder: Path, evidence: Path) -> list:
+    """One run read by every tool of ``group``; a tool whose reading another's timeout cut short
+    runs again on its own."""
+    name = "+".join(t.name for t in group)
+    own = folder / name
+    windows = {t.name: max(case.limit, t.reach) + GRACE_S for t in group}  # its own is waited
+    with fixtures.beside(case, own, shared=folder.parent) as storage_dir:
+        launch = runs.prepare(case, own, UPLOAD.url(), storage_dir)
+        for tool in group:
+            tool.prepare(case, launch)
+        run = runs.run(case, launch, own, max(windows.values()),
+                       functools.partial(sharing.settled, group))  # fmt: skip
+    shared = name if len(group) > 1 else ""
+    if doubt := runs.label_doubt(run):
+        print(f"  {case.name} ({name}): {doubt}", flush=True)
+        _keep(own, evidence / folder.name / name)
+        return [scorecard.Score(case.name, t.name, repeat, case.label.healthy, doubt=doubt,
+                                shared=shared) for t in group]  # fmt: skip
+    acted = sharing.acted_at(run) if shared else None
+    hang_at = None if case.label.healthy else run.step_at(case.label.after_step)
+    scores, alone = [], []
+    for tool in group:
+        signal = tool.signal(run)
+        closes = hang_at + windows[tool.name] if hang_at else None
+        if sharing.cut(tool, group, signal, closes, acted):
+            alone.append(tool)
+            continue
+        saw = tool.saw(run) if hasattr(tool, "saw") else ""
+        scores.append(scorecard.score(case, run, tool.name, repeat, signal, windows[tool.name],
+                                      saw, shared))  # fmt: skip
+    _keep(own, evidence / folder.name / name)
+    for tool in alone:
+        print(f"  {case.name}: the shared run's timeout fired before {tool.name} had its answer: "
+              "a run of its own", flush=True)  # fmt: skip
+        scores += _run_group(case, [tool], repeat, folder, evidence)
     return scores
 
 
@@ -178,15 +231,14 @@ def _keep(folder: Path, keep: Path) -> None:
 
 def _commit() -> str:
     """The checkout's commit, ``+`` when it has changes of its own."""
+    dirty = "+" if _git("status", "--porcelain") else ""
+    return (_git("rev-parse", "--short", "HEAD") or "?") + dirty
 
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=runs.REPO, capture_output=True, text=True,
-                              check=False, timeout=30)  # fmt: skip
-        return done.stdout.strip()
 
-    return (git("rev-parse", "--short", "HEAD") or "?") + (
-        "+" if git("status", "--porcelain") else ""
-    )
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=runs.REPO, capture_output=True, text=True,
+                          check=False, timeout=30)  # fmt: skip
+    return done.stdout.strip()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -201,8 +253,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="the chosen third of the cases (quick: true), under areal-watchdog "
                         "unless --tool says otherwise: under 15 minutes")  # fmt: skip
     parser.add_argument("--resume", action="store_true",
-                        help="go on from --out's scorecard.json (run on this commit): only the "
-                        "runs it has not scored")  # fmt: skip
+                        help="go on from --out's scorecard.json (run on this commit, or one "
+                        "differing in docs and tests only): only the runs not scored")  # fmt: skip
     parser.add_argument("--list", action="store_true", help="list the cases and their labels")
     return parser
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import pairwise
@@ -128,9 +129,13 @@ def _fill(value: Any, names: dict[str, str]) -> Any:
     return value
 
 
-def run(case: Case, launch: Launch, folder: Path, hang_at_limit: float) -> Run:
+def run(
+    case: Case, launch: Launch, folder: Path, hang_at_limit: float,
+    settled: Callable[[Run], bool] | None = None,
+) -> Run:  # fmt: skip
     """Run to its end, or until ``hang_at_limit`` seconds past the hang's start (or the healthy
-    limit) have passed; then end every process it started."""
+    limit) have passed, or until ``settled`` says its tools have what they need; then end every
+    process it started."""
     folder.mkdir(parents=True, exist_ok=True)
     config_path = folder / "config.yaml"
     launch.config["launch"]["env"].update(launch.env)
@@ -157,7 +162,7 @@ def run(case: Case, launch: Launch, folder: Path, hang_at_limit: float) -> Run:
     result = Run(case, folder, folder / experiment / case.trial, started, lines, None)
     node_logs = NodeLogs(result.run_dir / "watchdog" / "logs" / "submitit") if on_slurm else None
     try:
-        _wait(proc, result, hang_at_limit, node_logs)
+        _wait(proc, result, hang_at_limit, node_logs, settled)
     finally:
         result.ended = time.time()
         _end(proc)
@@ -171,8 +176,12 @@ def run(case: Case, launch: Launch, folder: Path, hang_at_limit: float) -> Run:
     return result
 
 
-def _wait(proc: subprocess.Popen, result: Run, limit: float, node_logs: NodeLogs | None) -> None:
+def _wait(
+    proc: subprocess.Popen, result: Run, limit: float, node_logs: NodeLogs | None,
+    settled: Callable[[Run], bool] | None,
+) -> None:  # fmt: skip
     label = result.case.label
+    checked = time.time()
     while proc.poll() is None:
         if node_logs is not None:
             node_logs.read_into(result.lines)
@@ -183,6 +192,10 @@ def _wait(proc: subprocess.Popen, result: Run, limit: float, node_logs: NodeLogs
             deadline = hang_at + limit if hang_at else result.started + HEALTHY_LIMIT
         if time.time() > deadline:
             return
+        if settled is not None and time.time() - checked > 1.0:
+            checked = time.time()
+            if settled(result):
+                return
         time.sleep(0.2)
 
 

@@ -31,6 +31,7 @@ class Score:
     culprit_labelled: bool = False  # the label names culprit ranks (found or not)
     saw: str = ""  # what the tool saw short of a signal (the watchdog: the looks it wrote)
     silence_s: float | None = None  # a healthy run's longest time between steps: its phase ran
+    shared: str = ""  # the other tools that read the same run (sharing.py), '' for its own
 
     @property
     def detected(self) -> bool:
@@ -50,7 +51,7 @@ class Score:
 
 def score(
     case: Case, run: Run, tool: str, repeat: int, signal: Signal | None, window: float,
-    saw: str = "",
+    saw: str = "", shared: str = "",
 ) -> Score:  # fmt: skip
     """A signal later than ``window`` seconds after the hang (the case's limit, or the tool's
     own longer timeout, and the grace a timeout set to it needs) is none;
@@ -61,17 +62,18 @@ def score(
     if label.healthy:
         seconds = signal.at - run.started if signal else None
         return Score(case.name, tool, repeat, True, signal, seconds, saw=saw,
-                     silence_s=run.longest_silence())  # fmt: skip
+                     silence_s=run.longest_silence(), shared=shared)  # fmt: skip
     if signal is None:
-        return Score(case.name, tool, repeat, False, culprit_labelled=labelled, saw=saw)
+        return Score(case.name, tool, repeat, False, culprit_labelled=labelled, saw=saw,
+                     shared=shared)  # fmt: skip
     hang_at = run.step_at(label.after_step)
     seconds = signal.at - hang_at if hang_at else None
     if seconds is None or seconds > window:
-        return Score(case.name, tool, repeat, False, culprit_labelled=labelled)
+        return Score(case.name, tool, repeat, False, culprit_labelled=labelled, shared=shared)
     culprit_ok = set(signal.culprits) == set(label.culprit_ranks) if labelled else None
     kind_ok = label.kind in signal.kind.split("/")
     return Score(case.name, tool, repeat, False, signal, seconds, kind_ok, culprit_ok,
-                 culprit_labelled=labelled)  # fmt: skip
+                 culprit_labelled=labelled, shared=shared)  # fmt: skip
 
 
 def totals(scores: list[Score], tool: str) -> dict[str, object]:
@@ -130,14 +132,18 @@ def read(path: Path) -> tuple[dict, list[Score]]:
 def markdown(scores: list[Score], cases: list[Case], tools: list[str], summary: list[dict],
              meta: dict) -> str:  # fmt: skip
     doubts = sum(bool(s.doubt) for s in scores)
-    where = f"{meta.get('commit', '?')} ({meta.get('machine', '?')})"
+    resumed = ", resumed on " + ", ".join(meta["resumed_on"]) if meta.get("resumed_on") else ""
+    where = f"{meta.get('commit', '?')}{resumed} ({meta.get('machine', '?')})"
     healthy = sum(c.label.healthy for c in cases)
     subset = f"{meta['subset']}, " if meta.get("subset") else ""
+    cells = meta.get("cells") or len(scores)
+    partial = f" **Partial: {len(scores)} of {cells} cells so far.**" if len(scores) < cells else ""
     lines = [f"HangBench, {meta['when']}, on {where}: {len(cases)} cases ({subset}{healthy} "
              "healthy), "
-             f"{meta['repeat']} run(s) each, each tool on runs of its own, "
+             f"{meta['repeat']} run(s) each, each tool on runs of its own (PyTorch's three "
+             "rows on one, with the shortest timeout, until it fires), "
              f"{meta['minutes']:.1f} min; {doubts} run(s) contradicted their label and score "
-             "for no tool.", "",
+             f"for no tool.{partial}", "",
              "| tool | right kind and culprit | found | seconds min / median / max "
              "| right kind | right culprit | false alarms |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip

@@ -58,6 +58,9 @@ class AreaLWatchdog:
     needs = ""
     in_ranks = False  # it needs no line in the ranks: it watches AReaL's own workers too
     reach = 0.0  # seconds its own settings may take past the case's limit: none
+    share = name  # a run of its own (sharing.py)
+    timeout_s = None  # it sets no collective timeout
+    early_end = True  # its first post is read as the run goes on
 
     def __init__(self, receiver: Receiver) -> None:
         self.receiver = receiver
@@ -112,14 +115,16 @@ class TorchTimeout:
     ``TUNED_TIMEOUT_S``, chosen before the run from the healthy cases' longest phase."""
 
     needs = ""
+    share = "torch"  # one run with the shortest timeout serves every PyTorch row (sharing.py)
+    early_end = False
 
     def __init__(self, name: str, seconds: float, reach: float) -> None:
-        self.name, self.seconds, self.reach = name, seconds, reach
+        self.name, self.timeout_s, self.reach = name, seconds, reach
         # the default is the job as it ships (AReaL's own timeouts); a tuned one needs the ranks
         self.in_ranks = seconds != TORCH_DEFAULT_S
 
     def prepare(self, case: Case, launch: Launch) -> None:
-        launch.env["HANGBENCH_COLLECTIVE_TIMEOUT"] = f"{self.seconds:g}"
+        shortest(launch, self.timeout_s)
 
     def signal(self, run: Run) -> Signal | None:
         logs = [log.read_text(errors="replace") for log in run.rank_logs()]
@@ -149,14 +154,15 @@ class FlightRecorderTrace:
     name = "torchfrtrace"
     needs = ""
     in_ranks = True  # the dump on timeout, in each rank
-
     reach = TUNED_TIMEOUT_S
+    share = "torch"  # the torch-tuned row's run, read another way (sharing.py)
+    timeout_s = TUNED_TIMEOUT_S
+    early_end = False
 
     def prepare(self, case: Case, launch: Launch) -> None:
         """The dump comes with the collective's timeout (NCCL's ``TORCH_NCCL_DUMP_ON_TIMEOUT``):
-        on a run of its own, the ``torch-tuned`` row's (the harness dumps to HANGBENCH_FR_DIR
-        on every run)."""
-        launch.env["HANGBENCH_COLLECTIVE_TIMEOUT"] = f"{TUNED_TIMEOUT_S:g}"
+        the ``torch-tuned`` row's (the harness dumps to HANGBENCH_FR_DIR on every run)."""
+        shortest(launch, self.timeout_s)
 
     def signal(self, run: Run) -> Signal | None:
         folder, in_time = run.folder / "flight_recorder", run.folder / "flight_recorder_in_time"
@@ -180,6 +186,12 @@ class FlightRecorderTrace:
         (run.folder / "torchfrtrace.txt").write_text(report)
         kind, culprits = read_frtrace(report)
         return Signal(max(p.stat().st_mtime for p in dumps), kind, culprits, _first_line(report))
+
+
+def shortest(launch: Launch, seconds: float) -> None:
+    """The run's collective timeout: the shortest any of its tools asks for."""
+    now = float(launch.env.get("HANGBENCH_COLLECTIVE_TIMEOUT", "inf"))
+    launch.env["HANGBENCH_COLLECTIVE_TIMEOUT"] = f"{min(now, seconds):g}"
 
 
 def read_frtrace(report: str) -> tuple[str, tuple[int, ...]]:
@@ -210,9 +222,12 @@ class FaultTolerance:
 
     needs = "nvidia-resiliency-ext (bash scripts/setup.sh --peers)"
     in_ranks = True  # its launcher in torchrun's place, its calls in each rank
+    timeout_s = None  # it sets no collective timeout
+    early_end = True  # its first alarm is read from the output as the run goes on
 
     def __init__(self, api: str) -> None:
         self.api, self.name = api, f"ft-{api}"
+        self.share = self.name  # its launcher in torchrun's place: a run of its own
         timeouts = FT_CONFIGS["sections"]["fault_tolerance"]
         longest = max(timeouts["rank_out_of_section_timeout"],
                       *timeouts["rank_section_timeouts"].values())  # fmt: skip

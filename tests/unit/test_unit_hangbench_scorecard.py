@@ -98,3 +98,12 @@ def test_a_scorecard_read_back_is_what_was_written(tmp_path: Path) -> None:
     write(scores, [STUCK], ["t"], tmp_path, {**META, "subset": ""})
     meta, back = read(tmp_path / "scorecard.json")
     assert back == scores and meta["commit"] == "abc1234" and back[0].right
+
+
+def test_a_partial_run_says_how_far_it_got_and_where_it_was_resumed() -> None:
+    one = [scored(STUCK, None)]
+    meta = {**META, "cells": 6, "resumed_on": ["def5678"]}
+    table = markdown(one, [STUCK], ["t"], [totals(one, "t")], meta)
+    assert table.startswith("HangBench, now, on abc1234, resumed on def5678 (2 cores)")
+    assert "**Partial: 1 of 6 cells so far.**" in table
+    assert "Partial" not in markdown(one, [STUCK], ["t"], [totals(one, "t")], META)
