@@ -17,6 +17,7 @@ import argparse
 import functools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -44,6 +45,9 @@ GRACE_S = 5.0  # a run lasts this long past its window: a timeout set to the win
 
 def main() -> int:
     args = _parser().parse_args()
+    # a SIGTERM (kill, a session's end) unwinds as Ctrl-C does: the run in flight is ended
+    # whole (its process group, AReaL's own sessions, its Slurm job); what was scored is kept
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         cases = load_cases()
     except CaseError as error:

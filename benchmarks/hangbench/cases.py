@@ -27,6 +27,7 @@ class Label:
     kind: str = ""  # a category or cause of diagnose/kinds.py
     culprit_ranks: tuple[int, ...] = ()
     after_step: int = 0  # the last good step: the hang starts at its line (0: at launch)
+    culprit_server: bool = False  # the culprit is the job's inference server (its address)
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ def _label(raw: dict[str, Any], path: Path) -> Label:
         kind=_required(raw, "kind", str, path, "label."),
         culprit_ranks=tuple(_required(raw, "culprit_ranks", list, path, "label.")),
         after_step=_required(raw, "after_step", int, path, "label."),
+        culprit_server=_optional(raw, "culprit_server", bool, path, False),
     )
 
 

@@ -30,6 +30,7 @@ from benchmarks.hangbench.cases import REPO, Case
 HARNESS = Path(__file__).resolve().parent / "harness.py"
 STEP_LINE = re.compile(r"Train step (\d+)/")
 STARTED = re.compile(r"HANGBENCH started rank=\S+ at=([\d.]+)")
+SERVING = re.compile(r"\[sglang-standin\] serving .* on (\S+:\d+)")
 STEP_STAMP = re.compile(r"\(AReaL\) (\d{8}-\d\d:\d\d:\d\d\.\d{3}) ")
 HEALTHY_LIMIT = 300.0  # a healthy case that has not ended by then is ended (AReaL: ~2 min)
 HOOKS = "hooks.jsonl"  # what the receiver beside a run in a loopback namespace got
@@ -85,8 +86,15 @@ class Run:
         known = sorted(t for t in [self.step_at(0), *times] if t is not None)
         return max((b - a for a, b in pairwise(known)), default=None)
 
-    def rank_logs(self) -> list[Path]:
-        return sorted(self.run_dir.glob("**/attempt_*/*/stderr.log"))
+    def servers(self) -> set[str]:
+        """The addresses the job's inference servers served on, as each said when it started
+        (in the launcher's output, or a rank's where a rank started it)."""
+        texts = ["\n".join(line for _, line in self.lines)]
+        texts += [log.read_text(errors="replace") for log in self.rank_logs("stdout.log")]
+        return {m.group(1) for text in texts for m in SERVING.finditer(text)}
+
+    def rank_logs(self, name: str = "stderr.log") -> list[Path]:
+        return sorted(self.run_dir.glob(f"**/attempt_*/*/{name}"))
 
 
 def label_doubt(run: Run) -> str:

@@ -9,7 +9,7 @@ import statistics
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from benchmarks.hangbench.cases import Case
+from benchmarks.hangbench.cases import Case, Label
 from benchmarks.hangbench.runs import Run
 from benchmarks.hangbench.tools import Signal
 
@@ -58,7 +58,7 @@ def score(
     a healthy run keeps how long its longest silence lasted (its phase ran) and what the tool
     saw of it."""
     label = case.label
-    labelled = bool(label.culprit_ranks) and not label.healthy
+    labelled = bool(label.culprit_ranks or label.culprit_server) and not label.healthy
     if label.healthy:
         seconds = signal.at - run.started if signal else None
         return Score(case.name, tool, repeat, True, signal, seconds, saw=saw,
@@ -70,10 +70,19 @@ def score(
     seconds = signal.at - hang_at if hang_at else None
     if seconds is None or seconds > window:
         return Score(case.name, tool, repeat, False, culprit_labelled=labelled, shared=shared)
-    culprit_ok = set(signal.culprits) == set(label.culprit_ranks) if labelled else None
+    culprit_ok = _culprit_ok(label, signal, run) if labelled else None
     kind_ok = label.kind in signal.kind.split("/")
     return Score(case.name, tool, repeat, False, signal, seconds, kind_ok, culprit_ok,
                  culprit_labelled=labelled, shared=shared)  # fmt: skip
+
+
+def _culprit_ok(label: Label, signal: Signal, run: Run) -> bool:
+    """Exactly the labelled ranks, or, for a server's hang, exactly the server the job started
+    (its address) and no rank."""
+    if label.culprit_server:
+        served = run.servers()
+        return len(served) == 1 and set(signal.servers) == served and not signal.culprits
+    return set(signal.culprits) == set(label.culprit_ranks)
 
 
 def totals(scores: list[Score], tool: str) -> dict[str, object]:
@@ -121,9 +130,9 @@ def read(path: Path) -> tuple[dict, list[Score]]:
     for plain in data["scores"]:
         kept = {k: v for k, v in plain.items() if k in names}
         if kept.get("signal"):
-            kept["signal"] = Signal(
-                **{**kept["signal"], "culprits": tuple(kept["signal"]["culprits"])}
-            )
+            signal = kept["signal"]
+            kept["signal"] = Signal(**{**signal, "culprits": tuple(signal["culprits"]),
+                                       "servers": tuple(signal.get("servers", ()))})  # fmt: skip
         scores.append(Score(**kept))
     meta = {k: v for k, v in data.items() if k not in ("totals", "scores", "cases")}
     return meta, scores
@@ -196,9 +205,13 @@ def _one(s: Score) -> str:
     who = (
         ""
         if s.culprit_ok is None
-        else (", culprit ok" if s.culprit_ok else f", culprit {list(s.signal.culprits) or 'none'}")
+        else (", culprit ok" if s.culprit_ok else f", culprit {_named(s.signal) or 'none'}")
     )
     return f"{s.seconds:.1f} s, {kind}{who}"
+
+
+def _named(signal: Signal) -> list:
+    return [*signal.culprits, *signal.servers]
 
 
 def _plain(s: Score) -> dict:

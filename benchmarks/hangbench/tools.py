@@ -48,6 +48,7 @@ class Signal:
     kind: str = ""
     culprits: tuple[int, ...] = ()
     detail: str = ""
+    servers: tuple[str, ...] = ()  # the inference servers it named (their addresses)
 
 
 class AreaLWatchdog:
@@ -78,10 +79,11 @@ class AreaLWatchdog:
             if posted["job"].get("trial_name") != run.case.trial or wall < run.started:
                 continue
             verdict = posted["verdict"]
-            cause = _report(run, posted["incident_id"]).get("cause")  # not in the webhook's body
-            kinds = "/".join(k for k in (verdict["category"], cause) if k)
+            report = _report(run, posted["incident_id"])  # its cause is not in the webhook's body
+            kinds = "/".join(k for k in (verdict["category"], report.get("cause")) if k)
             ranks = tuple(verdict.get("culprit_ranks") or ())
-            return Signal(wall, kinds, ranks, verdict.get("summary", "")[:160])
+            summary = verdict.get("summary", "")[:160]
+            return Signal(wall, kinds, ranks, summary, _servers(report))
         return None
 
     def _posted(self, run: Run) -> list[tuple[float, dict]]:
@@ -99,6 +101,13 @@ class AreaLWatchdog:
         """What it saw short of posting: the looks it wrote and did not post."""
         looks = len(list((run.run_dir / "suspected").glob("*/report.json")))
         return f"{looks} look(s) written, not posted" if looks else "no look"
+
+
+def _servers(report: dict) -> tuple[str, ...]:
+    """The inference servers a report names among its culprits, by address."""
+    workers = report.get("culprit_workers") or []
+    return tuple(sorted(w["address"] for w in workers
+                        if "server" in w.get("role", "") and w.get("address")))  # fmt: skip
 
 
 def _report(run: Run, incident_id: str) -> dict:

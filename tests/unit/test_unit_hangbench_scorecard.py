@@ -107,3 +107,25 @@ def test_a_partial_run_says_how_far_it_got_and_where_it_was_resumed() -> None:
     assert table.startswith("HangBench, now, on abc1234, resumed on def5678 (2 cores)")
     assert "**Partial: 1 of 6 cells so far.**" in table
     assert "Partial" not in markdown(one, [STUCK], ["t"], [totals(one, "t")], META)
+
+
+def test_a_servers_hang_is_right_only_naming_the_server_the_job_started() -> None:
+    """The culprit of a server case is the server the label names: the address the job's
+    server said it served on, and no rank."""
+    dead = case("dead", Label(False, "inference_unreachable", (), 3, culprit_server=True))
+    lines = [
+        (90.5, "[sglang-standin] serving /m on 127.0.0.1:32735"),
+        (STEP_3_AT, "Train step 3/9"),
+    ]
+    run = Run(dead, Path("/r"), Path("/r/run"), 90.0, lines, None)
+
+    def named(*servers: str, ranks: tuple[int, ...] = ()) -> Score:
+        signal = Signal(104.0, "rollout_stalled/inference_unreachable", ranks, "", servers)
+        return score(dead, run, "t", 0, signal, window=30.0)
+
+    assert named("127.0.0.1:32735").right
+    assert not named("127.0.0.1:40000").right and named("127.0.0.1:40000").culprit_ok is False
+    assert not named().right  # the kind alone is no longer enough
+    assert not named("127.0.0.1:32735", ranks=(0,)).right
+    missed = score(dead, run, "t", 0, None, window=30.0)
+    assert totals([named("127.0.0.1:32735"), missed], "t")["culprit_cases"] == 2
