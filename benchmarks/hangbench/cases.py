@@ -28,6 +28,7 @@ class Label:
     culprit_ranks: tuple[int, ...] = ()
     after_step: int = 0  # the last good step: the hang starts at its line (0: at launch)
     culprit_server: bool = False  # the culprit is the job's inference server (its address)
+    racing_step: int = 0  # a step after the hang that prints or not as a race goes (0: none)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ def _label(raw: dict[str, Any], path: Path) -> Label:
         culprit_ranks=tuple(_required(raw, "culprit_ranks", list, path, "label.")),
         after_step=_required(raw, "after_step", int, path, "label."),
         culprit_server=_optional(raw, "culprit_server", bool, path, False),
+        racing_step=_optional(raw, "racing_step", int, path, 0),
     )
 
 

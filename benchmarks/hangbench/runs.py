@@ -99,7 +99,8 @@ class Run:
 
 def label_doubt(run: Run) -> str:
     """Where the run contradicts its label's step: a hang whose last good step never printed,
-    or a step printed after it ('' when it agrees)."""
+    or a step printed after it but the one its label says a race may print ('' when it
+    agrees)."""
     label = run.case.label
     if label.healthy or label.after_step == 0:
         return ""
@@ -107,7 +108,7 @@ def label_doubt(run: Run) -> str:
     if label.after_step not in printed:
         last = max(printed, default=0)
         return f"label doubt: step {label.after_step} was never printed (last: {last})"
-    if later := sorted(s for s in printed if s > label.after_step):
+    if later := sorted(s for s in printed if s > label.after_step and s != label.racing_step):
         return f"label doubt: step {later[-1]} was printed after the hang's step {label.after_step}"
     return ""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.hangbench.cases import Case, Label
-from benchmarks.hangbench.runs import Run
+from benchmarks.hangbench.runs import Run, label_doubt
 from benchmarks.hangbench.scorecard import Score, markdown, read, score, totals, write
 from benchmarks.hangbench.tools import Signal
 
@@ -129,3 +129,18 @@ def test_a_servers_hang_is_right_only_naming_the_server_the_job_started() -> Non
     assert not named("127.0.0.1:32735", ranks=(0,)).right
     missed = score(dead, run, "t", 0, None, window=30.0)
     assert totals([named("127.0.0.1:32735"), missed], "t")["culprit_cases"] == 2
+
+
+def test_a_run_contradicting_its_label_is_a_doubt_but_a_labelled_race_is_not() -> None:
+    """A step printed after the hang's (or the hang's never printed) scores for no tool; the
+    one step the label says a race prints or not is no contradiction."""
+    raced = case("raced", Label(False, "collective_mismatch", (2,), 2, racing_step=3))
+
+    def doubt(c: Case, *steps: int) -> str:
+        lines = [(100.0 + s, f"Train step {s}/6 done") for s in steps]
+        return label_doubt(Run(c, Path("/r"), Path("/r/run"), 90.0, lines, None))
+
+    assert doubt(raced, 1, 2) == "" and doubt(raced, 1, 2, 3) == ""
+    assert doubt(raced, 1, 2, 3, 4) == "label doubt: step 4 was printed after the hang's step 2"
+    assert doubt(STUCK, 1, 2, 3, 4).startswith("label doubt: step 4")
+    assert doubt(STUCK, 1, 2) == "label doubt: step 3 was never printed (last: 2)"
