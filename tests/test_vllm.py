@@ -125,6 +125,18 @@ def test_a_job_whose_vllm_a_weight_update_left_paused_is_reported(
     record_evidence(report, "inference_paused--real-vllm", "rollout")
 
 
+def queued(address: str, at_least: int, within: float) -> dict:
+    """The server's numbers once ``at_least`` requests wait in its queue, or at ``within`` s:
+    on a loaded machine the clients' requests reach the engine seconds after they are sent (CI
+    once read a queue of 0 two seconds after 16 clients started)."""
+    deadline = time.monotonic() + within
+    while (numbers := probe(address)).get("queued", 0) < at_least:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    return numbers
+
+
 def test_a_saturated_server_that_generates_is_busy_not_hung(
     launcher: Launcher, vllm_server: str, vllm_model: Path
 ) -> None:
@@ -152,8 +164,8 @@ def test_a_saturated_server_that_generates_is_busy_not_hung(
         if "Train step 1/4 done" in line:
             break
     with Saturation(vllm_server, vllm_model, clients, tokens=240):
-        time.sleep(2)
-        assert probe(vllm_server).get("queued", 0) >= 10, probe(vllm_server)
+        numbers = queued(vllm_server, at_least=10, within=60)
+        assert numbers.get("queued", 0) >= 10, json.dumps(numbers)
         output = "".join(seen) + proc.communicate(timeout=420)[0]
     result = LaunchResult(proc.returncode, output, run_dir, read_reports(run_dir))
     assert result.returncode == 0, result.output[-3000:]
