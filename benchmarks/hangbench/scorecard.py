@@ -31,7 +31,7 @@ class Score:
     culprit_labelled: bool = False  # the label names culprit ranks (found or not)
     saw: str = ""  # what the tool saw short of a signal (the watchdog: the looks it wrote)
     silence_s: float | None = None  # a healthy run's longest time between steps: its phase ran
-    shared: str = ""  # the other tools that read the same run (sharing.py), '' for its own
+    shared: str = ""  # the tools that read this run, joined by '+' (sharing.py); '' alone
 
     @property
     def detected(self) -> bool:

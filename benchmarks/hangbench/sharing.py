@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from benchmarks.hangbench.runs import Run
-from benchmarks.hangbench.tools import TORCH_ERROR, Signal
+from benchmarks.hangbench.tools import Signal, torch_errors
 
 TIMED_OUT = re.compile(r"(?i)timed? ?out")  # gloo's "Timed out waiting 60000ms for recv"
 TAIL_S = 5.0  # a run whose tools have all signalled goes on this long: a later step shows
@@ -42,10 +42,7 @@ def groups(tools: Sequence[Tool]) -> list[list[Tool]]:
 
 def acted_at(run: Run) -> float | None:
     """When the run's collective timeout first fired in a rank (None: it never did)."""
-    logs = [log.read_text(errors="replace") for log in run.rank_logs()]
-    fired = [float(m.group(2)) for log in logs for m in TORCH_ERROR.finditer(log)
-             if TIMED_OUT.search(m.group(3))]  # fmt: skip
-    return min(fired, default=None)
+    return min((at for at, error in torch_errors(run) if TIMED_OUT.search(error)), default=None)
 
 
 def cut(tool: Tool, group: Sequence[Tool], signal: Signal | None, closes: float | None,

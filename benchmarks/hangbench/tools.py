@@ -136,10 +136,8 @@ class TorchTimeout:
         shortest(launch, self.timeout_s)
 
     def signal(self, run: Run) -> Signal | None:
-        logs = [log.read_text(errors="replace") for log in run.rank_logs()]
-        logs.append("\n".join(line for _, line in run.lines))  # a controller's (AReaL's)
-        errors = sorted((float(m.group(2)), m.group(3)) for log in logs
-                        for m in TORCH_ERROR.finditer(log))  # fmt: skip
+        controller = "\n".join(line for _, line in run.lines)  # AReaL's controller prints them
+        errors = torch_errors(run) + torch_errors_in(controller)
         failed = [(at, line) for at, line in run.lines if "ChildFailedError" in line]
         first = min([*errors, *failed], default=None)
         if first is None:
@@ -197,6 +195,16 @@ class FlightRecorderTrace:
         return Signal(max(p.stat().st_mtime for p in dumps), kind, culprits, _first_line(report))
 
 
+def torch_errors(run: Run) -> list[tuple[float, str]]:
+    """The collective errors the harness printed in the ranks' logs: (when, the error)."""
+    return [e for log in run.rank_logs() for e in torch_errors_in(log.read_text(errors="replace"))]
+
+
+def torch_errors_in(text: str) -> list[tuple[float, str]]:
+    """The collective errors the harness printed in ``text`` (a controller's output too)."""
+    return [(float(m.group(2)), m.group(3)) for m in TORCH_ERROR.finditer(text)]
+
+
 def shortest(launch: Launch, seconds: float) -> None:
     """The run's collective timeout: the shortest any of its tools asks for."""
     now = float(launch.env.get("HANGBENCH_COLLECTIVE_TIMEOUT", "inf"))
@@ -230,6 +238,7 @@ class FaultTolerance:
     harmless SIGCONT: its detection is unchanged, the run goes on to the end."""
 
     needs = "nvidia-resiliency-ext (bash scripts/setup.sh --peers)"
+    installed = PEERS / "nvidia_resiliency_ext"
     in_ranks = True  # its launcher in torchrun's place, its calls in each rank
     timeout_s = None  # it sets no collective timeout
     early_end = True  # its first alarm is read from the output as the run goes on
@@ -292,8 +301,9 @@ def first_cycle(case: Case) -> int:
 
 def available(tool: object, case: Case) -> str:
     """Why a tool cannot run here, or on this case ('' when it can)."""
-    if isinstance(tool, FaultTolerance) and not (PEERS / "nvidia_resiliency_ext").is_dir():
-        return f"not installed: {tool.needs}"
+    installed = getattr(tool, "installed", None)  # the package it runs, where it needs one
+    if installed is not None and not installed.is_dir():
+        return f"not installed: {getattr(tool, 'needs', '')}"
     if getattr(tool, "in_ranks", False) and not case.torchrun_ranks:
         return "not applicable: AReaL's scheduler starts its workers, not torchrun"
     return ""

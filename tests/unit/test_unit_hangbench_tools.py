@@ -8,7 +8,7 @@ from pathlib import Path
 
 from benchmarks.hangbench.cases import load_case
 from benchmarks.hangbench.runs import Run
-from benchmarks.hangbench.tools import FaultTolerance, TorchTimeout, first_cycle
+from benchmarks.hangbench.tools import FaultTolerance, TorchTimeout, available, first_cycle
 
 CASES = Path(__file__).resolve().parents[2] / "benchmarks" / "hangbench" / "cases"
 
@@ -35,3 +35,28 @@ def test_ft_fires_on_a_heartbeat_or_a_section_and_names_the_ranks_within_a_secon
     run = Run(case, Path("/r"), Path("/r/run"), 0.0, lines, None)
     fired = FaultTolerance("sections").signal(run)
     assert fired is not None and fired.at == 10.0 and fired.culprits == (0, 2)
+
+
+def test_a_row_whose_package_is_missing_says_how_to_install_it(tmp_path: Path) -> None:
+    case = load_case(CASES / "demo-straggler-late")
+    ft = FaultTolerance("heartbeats")
+    ft.installed = tmp_path / "nvidia_resiliency_ext"
+    setup = "not installed: nvidia-resiliency-ext (bash scripts/setup.sh --peers)"
+    assert available(ft, case) == setup
+    ft.installed.mkdir()
+    assert available(ft, case) == ""
+    assert available(TorchTimeout("torch-default", 1800.0, reach=0.0), case) == ""
+
+
+def test_a_torch_row_reads_the_first_error_of_the_ranks_or_of_a_controller(tmp_path: Path) -> None:
+    case = load_case(CASES / "demo-straggler-late")
+    log = tmp_path / "run" / "logs" / "attempt_0" / "1" / "stderr.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("HANGBENCH torch_error rank=1 at=160.300 RuntimeError: [gloo] Timed out\n")
+    tuned = TorchTimeout("torch-tuned", 60.0, reach=60.0)
+    alone = tuned.signal(Run(case, tmp_path, tmp_path / "run", 0.0, [], None))
+    assert alone is not None and alone.at == 160.3 and "Timed out" in alone.detail
+    closed = "HANGBENCH torch_error rank=0 at=150.000 RuntimeError: Connection closed"
+    controller = [(155.0, closed)]
+    first = tuned.signal(Run(case, tmp_path, tmp_path / "run", 0.0, controller, None))
+    assert first is not None and first.at == 150.0 and "Connection closed" in first.detail
