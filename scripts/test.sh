@@ -16,8 +16,8 @@ bash scripts/setup.sh --areal --vllm
 # default cluster: the three files side by side (a worker each), the clusters apart by network
 # namespace and job ids, sharing the machine's munged, started here so that no cluster's teardown
 # ends it under another. The real-sidecar fleet (counts, timings) and the check-workflow module
-# (one vLLM server for its five tests, kept on one worker by its group) join them there, where the
-# CPU is mostly idle: in three groups of files balanced by their minutes (tests/conftest.py).
+# (one vLLM server for its five tests, kept on one worker by loadfile) join them there, where the
+# CPU is mostly idle.
 munge_dir="$(mktemp -d)"
 trap 'AREAL_SLURM_DIR="$munge_dir" bash scripts/slurm-cluster.sh down >/dev/null 2>&1 || true' EXIT
 if [ "$(id -u)" -eq 0 ] && command -v munged >/dev/null; then

@@ -78,36 +78,6 @@ def launcher(tmp_path: Path) -> Iterator[Launcher]:
 SLOW_AREAL_TIMEOUT = 900  # seconds: a real AReaL run (its replays, its resumes) beside two others
 
 
-# The second part's files (scripts/test.sh: slurm, fleet, beside_slurm) in three fixed groups, a
-# worker each, balanced by their minutes in a fresh-clone run of d995c05: xdist's file scheduling
-# queued three one-test files behind one worker while another went idle (10:07). A file not
-# named here is a group of its own. (xdist's own --dist loadgroup names no group under pytest 9.)
-SIDE_BY_SIDE_GROUPS = {
-    "test_slurm.py": "slurm",  # 7.6 min
-    "test_doctor.py": "slurm",  # 1.5
-    "test_areal.py": "areal",  # 5.9
-    "test_ray.py": "areal",  # 2.2
-    "test_monitoring.py": "areal",  # 0.3
-    "test_check_workflow.py": "vllm",  # 4.4
-    "test_areal_on_slurm.py": "vllm",  # 3.3
-    "test_scale_sidecars.py": "vllm",  # 1.4
-}
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """``--dist loadfile`` sends each group of files in ``SIDE_BY_SIDE_GROUPS`` to one worker."""
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class FileGroupScheduling(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            file = super()._split_scope(nodeid)
-            return SIDE_BY_SIDE_GROUPS.get(Path(file).name, file)
-
-    return FileGroupScheduling(config, log)
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Slurm tests are slow tests too (``-m "not slow"`` skips them); the real AReaL, Ray and
     vLLM runs get a longer time limit than the rest (a loaded CI machine took 2.6x the time
