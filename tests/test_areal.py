@@ -73,26 +73,25 @@ needs_root = pytest.mark.skipif(
 )
 
 
+def make_harness(root: Path, *marks: str) -> Path:
+    """The tiny model, tokenizer and GSM8K rows, some marked (``harness/make_tiny.py``),
+    made offline."""
+    make = [sys.executable, str(AREAL / "harness" / "make_tiny.py"), str(root), *marks]
+    subprocess.run(make, check=True, capture_output=True)
+    return root
+
+
 @pytest.fixture(scope="session")
 def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model, tokenizer and GSM8K rows (8-11 poisoned) made once, offline."""
-    root = tmp_path_factory.mktemp("areal-harness")
-    subprocess.run(
-        [sys.executable, str(AREAL / "harness" / "make_tiny.py"), str(root), "--poison-from", "8"],
-        check=True,
-        capture_output=True,
-    )
-    return root
+    """Rows 8-11 poisoned (the rollout's tool never returns on them), made once."""
+    return make_harness(tmp_path_factory.mktemp("areal-harness"), "--poison-from", "8")
 
 
 @pytest.fixture(scope="session")
 def train_harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The same, but row 4 (step 2) holds the document separator that the tiny model's own
-    code loops on in the trainer (``harness/modeling_tiny.py``); no rollout-side poison."""
-    root = tmp_path_factory.mktemp("areal-train-harness")
-    make = [sys.executable, str(AREAL / "harness" / "make_tiny.py"), str(root)]
-    subprocess.run([*make, "--train-poison-from", "4"], check=True, capture_output=True)
-    return root
+    """Row 4 (step 2) holds the document separator that the tiny model's own code loops on in
+    the trainer (``harness/modeling_tiny.py``); no rollout-side poison."""
+    return make_harness(tmp_path_factory.mktemp("areal-train-harness"), "--train-poison-from", "4")
 
 
 def run_areal(
@@ -518,16 +517,21 @@ def test_a_weight_update_one_server_never_answers_names_that_server_and_its_roll
 @pytest.mark.slurm
 @pytest.mark.parametrize("areal", ["2.0.0"], indirect=True)  # 1.0.4: the same SlurmScheduler file
 def test_single_controller_on_slurm_one_report_across_nodes_resumed_elsewhere_until_it_recurs(
-    launcher: Launcher, harness: Path, areal: str, loopback_slurm: tuple[list[str], dict]
+    launcher: Launcher, tmp_path: Path, areal: str, loopback_slurm: tuple[list[str], dict]
 ) -> None:
     """The controller here, AReaL's Slurm scheduler submits the actor job to node1 and the
     rollout job to another node (through the singularity stand-in); every task starts a standby
     sidecar. One report names the controller here, the actor on node1 and the stuck rollout
     worker on node2. With ``on_hang: resume``: the dumped step replays on a node other than node2
     without hanging (the hang is on the rollout side), so AReaL's jobs are submitted again
-    without node2; the rollout worker, now on node3, sticks on the same row at the same step,
-    and the launcher stops there. AReaL's jobs are cancelled with the run."""
+    without node2; the rollout worker, now on node3, sticks at the same step on a poisoned row,
+    and the launcher stops there. AReaL's jobs are cancelled with the run. Rows 8-15 poisoned,
+    not 8-11: the rollout may draw rows two steps past the checkpoint it resumes from
+    (``max_head_offpolicyness: 1``), and AReaL's checkpoint keeps the dataloader where the
+    rollout left it, so the resumed run's step 5 starts at row 8, 10 or 12 (CI once resumed
+    past rows 8-11 and completed)."""
     enter, env = loopback_slurm
+    harness = make_harness(tmp_path / "h", "--poison-from", "8", "--poison-count", "8")
     result = run_areal(
         launcher, harness, "onslurm", python=areal, timeout=720,
         overrides=[f"actor.scheduling_spec=[{SPEC}, nodelist: node1}}]",

@@ -7,13 +7,11 @@ refuses, to show that it trains)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from recording import record_evidence
-from test_areal import AREAL, CANCEL_AFTER, needs_areal, needs_root, run_areal
+from test_areal import CANCEL_AFTER, make_harness, needs_areal, needs_root, run_areal
 
 from testkit.launcher import Launcher
 from testkit.reports import suspected_looks
@@ -29,13 +27,6 @@ def one_release(version: str) -> pytest.MarkDecorator:
     both = os.environ.get("AREAL_WATCHDOG_TEST_BOTH_RELEASES") == "1"
     releases = ["1.0.4", "2.0.0"] if both else [version]
     return pytest.mark.parametrize("areal", releases, indirect=True)
-
-
-def make_harness(root: Path, *marks: str) -> Path:
-    """The tiny model and GSM8K rows, some marked (``harness/make_tiny.py``)."""
-    make = [sys.executable, str(AREAL / "harness" / "make_tiny.py"), str(root), *marks]
-    subprocess.run(make, check=True, capture_output=True)
-    return root
 
 
 @pytest.fixture(scope="module")

@@ -26,11 +26,11 @@ from test_areal import (
     LOOPBACK,
     LOOPBACK_SCRIPT,
     TWO_RANKS,
+    make_harness,
     needs_areal,
     needs_root,
     run_areal,
 )
-from test_areal_accuracy import make_harness
 from test_launcher_lifecycle import wait_for
 
 from areal_watchdog.cli import main
